@@ -1,0 +1,8 @@
+"""`mmsparse encode-dense` (being written)."""
+
+import typer
+
+
+def main(args: list[str] = typer.Argument(None)) -> None:
+    """Not yet implemented."""
+    raise NotImplementedError("encode-dense")

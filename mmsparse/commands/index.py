@@ -1,0 +1,8 @@
+"""`mmsparse index` (being written)."""
+
+import typer
+
+
+def main(args: list[str] = typer.Argument(None)) -> None:
+    """Not yet implemented."""
+    raise NotImplementedError("index")
