@@ -1,0 +1,172 @@
+"""Backbone interface: a frozen vision-language dual encoder that maps images and captions
+into one d-dimensional space, plus its text vocabulary (the sparse head's default vocabulary).
+
+Extra outputs an encoder can return besides the pooled vectors ("vectors" [B, d] float32):
+  pre_projection   [B, h] float32  pooled tower state before the projection layer (the [CLS]/
+                   pooled state), so `vectors = normalize(pre_projection @ W.T (+ b))`
+  token_states     [B, L, h_text]  text last-layer token states (texts only), with
+  token_mask       [B, L] uint8    1 for real tokens, 0 for padding, and
+  token_ids        [B, L] int32    the input token ids
+  patch_states     [B, P, h_img]   image patch/grid states of layer `layer` (images only)
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from ..errors import InputError
+
+EXTRAS = ("pre_projection", "token_states", "patch_states")
+
+_REGISTRY: dict[str, type["Backbone"]] = {}
+
+
+def register_backbone(name: str) -> Callable[[type["Backbone"]], type["Backbone"]]:
+    """Class decorator: make a Backbone subclass loadable by `name`."""
+    def deco(cls: type["Backbone"]) -> type["Backbone"]:
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+    return deco
+
+
+def backbone_names() -> list[str]:
+    """Registered backbone names."""
+    _import_all()
+    return sorted(_REGISTRY)
+
+
+def _import_all() -> None:
+    from . import blip, hf_dual  # noqa: F401  (registration side effect)
+
+
+def resolve_device(device: str) -> str:
+    """'auto' -> 'cuda' if available, else 'mps' if available, else 'cpu'; others unchanged."""
+    import torch
+    if device != "auto":
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise InputError(f"--device {device}: CUDA is not available on this machine; use --device cpu")
+        return device
+    if torch.cuda.is_available():
+        return "cuda"
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def resolve_model(model: str | Path) -> str:
+    """A local path becomes absolute; anything else (a hub id) is returned unchanged."""
+    p = Path(model).expanduser()
+    return str(p.resolve()) if p.exists() else str(model)
+
+
+class Backbone(ABC):
+    """A frozen dual encoder.
+
+    Attributes: name (registry name), model (hub id or absolute local path), dim (embedding
+    dim d), normalized (True if vectors are L2-normalised), tokenizer (HF tokenizer; its
+    vocabulary is the sparse head's default vocabulary), device (torch device string).
+    Subclasses implement `preprocess_images`, `encode_pixels`, `encode_tokens`,
+    `word_embeddings` and set the attributes in __init__.
+    """
+
+    name: str = ""
+    model: str = ""
+    dim: int = 0
+    normalized: bool = True
+    tokenizer = None
+    device: str = "cpu"
+    max_length: int = 64          # caption truncation, in tokens
+    text_padding: str | bool = True   # tokenizer padding mode ("max_length" for SigLIP)
+
+    # -- images ---------------------------------------------------------------------------
+    @abstractmethod
+    def preprocess_images(self, images: list) -> "torch.Tensor":  # noqa: F821
+        """list[PIL.Image] (any mode) -> pixel_values float32 [B, 3, H, W] (CPU; picklable
+        so DataLoader workers can call it)."""
+
+    @abstractmethod
+    def encode_pixels(self, pixel_values, extras: tuple[str, ...] = (), layer: int = -1) -> dict[str, np.ndarray]:
+        """pixel_values [B, 3, H, W] -> {"vectors": [B, d] float32, plus requested extras
+        ("pre_projection", "patch_states" of hidden layer `layer`, -1 = last)}."""
+
+    def encode_images(self, images: list) -> np.ndarray:
+        """list[PIL.Image] -> [B, d] float32 (L2-normalised if `normalized`)."""
+        return self.encode_pixels(self.preprocess_images(images))["vectors"]
+
+    # -- texts ----------------------------------------------------------------------------
+    def tokenize(self, texts: list[str]) -> dict:
+        """list[str] -> tokenizer batch (input_ids, attention_mask, ...) as CPU torch tensors."""
+        return dict(self.tokenizer(list(texts), padding=self.text_padding, truncation=True,
+                                   max_length=self.max_length, return_tensors="pt"))
+
+    @abstractmethod
+    def encode_tokens(self, batch: dict, extras: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+        """Tokenizer batch -> {"vectors": [B, d] float32, plus requested extras
+        ("pre_projection", "token_states" with "token_mask" and "token_ids")}."""
+
+    def encode_texts(self, texts: list[str]) -> np.ndarray:
+        """list[str] -> [B, d] float32 (L2-normalised if `normalized`)."""
+        return self.encode_tokens(self.tokenize(texts))["vectors"]
+
+    # -- vocabulary -----------------------------------------------------------------------
+    @abstractmethod
+    def word_embeddings(self) -> "torch.Tensor":  # noqa: F821
+        """Text tower input word embeddings, float32 torch tensor [|V|, h] (a detached copy)."""
+
+    def projections(self) -> dict[str, np.ndarray]:
+        """Projection weights mapping pre-projection states to vectors: e.g. {"image_proj_weight"
+        [d, h_img], "text_proj_weight" [d, h_txt], optional "*_proj_bias" [d]}; empty if none."""
+        return {}
+
+    def vocab(self) -> list[str]:
+        """Token strings ordered by token id, one per row of `word_embeddings()`; ids the
+        tokenizer does not know become "[unused_<id>]"."""
+        n = int(self.word_embeddings().shape[0])
+        return vocab_list(self.tokenizer, n)
+
+    def attrs(self) -> dict:
+        """Attributes for dense files written with this backbone."""
+        return {"backbone": self.name, "model": self.model, "normalized": bool(self.normalized),
+                "max_length": int(self.max_length)}
+
+
+def vocab_list(tokenizer, n: int) -> list[str]:
+    """Token strings for ids 0..n-1 of `tokenizer`; unknown ids -> "[unused_<id>]"."""
+    inv = {i: t for t, i in tokenizer.get_vocab().items()}
+    return [inv.get(i, f"[unused_{i}]") for i in range(n)]
+
+
+def load_backbone(name: str, model_path: str | Path, device: str = "auto", **kwargs) -> Backbone:
+    """Load backbone `name` (see `backbone_names()`) from a local path or hub id onto `device`
+    ("auto", "cpu", "cuda", "cuda:1", "mps"). Raises InputError for an unknown name or a
+    path that does not hold a loadable model."""
+    _import_all()
+    if name not in _REGISTRY:
+        raise InputError(f"--backbone {name!r}: unknown backbone; choose one of {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name](str(model_path), resolve_device(device), **kwargs)
+
+
+def backbone_from_attrs(attrs: dict, device: str = "cpu") -> Backbone:
+    """Rebuild the backbone named by a dense file's `backbone` and `model` attributes (to get its
+    tokenizer, vocab() and word_embeddings(), e.g. to initialise a sparse head's W2).
+    Raises InputError if the attributes are missing or the model cannot be found."""
+    for k in ("backbone", "model"):
+        if k not in attrs:
+            raise InputError(f"dense file attributes lack {k!r}; re-run encode-dense")
+    kw = {"max_length": int(attrs["max_length"])} if "max_length" in attrs else {}
+    return load_backbone(str(attrs["backbone"]), str(attrs["model"]), device, **kw)
+
+
+def quiet_transformers() -> None:
+    """Silence transformers' weight-loading progress bars and info logs (we draw our own)."""
+    import transformers
+    transformers.logging.set_verbosity_error()
+    try:
+        transformers.utils.logging.disable_progress_bar()
+    except AttributeError:
+        pass

@@ -1,0 +1,28 @@
+"""Indexes over sparse (PISA, optionally Seismic) and dense (Faiss) collections.
+
+Every index is a directory holding the engine's files plus `mmsparse.json` (see meta.py).
+`open_index(dir)` returns a searcher for it whatever its kind.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .meta import read_meta
+
+
+def open_index(index_dir: str | Path, threads: int = 1, **options):
+    """A searcher for INDEX_DIR chosen by `mmsparse.json` kind (pisa | seismic | faiss).
+
+    Raises InputError if the directory or its metadata is missing or unknown.
+    """
+    meta = read_meta(index_dir)
+    kind = meta["kind"]
+    if kind == "pisa":
+        from .pisa import PisaSearcher
+        return PisaSearcher(index_dir, threads=threads, **options)
+    if kind == "seismic":
+        from .seismic import SeismicSearcher
+        return SeismicSearcher(index_dir, threads=threads, **options)
+    from .faiss_index import FaissSearcher
+    return FaissSearcher(index_dir, threads=threads, **options)

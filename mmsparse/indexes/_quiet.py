@@ -1,0 +1,58 @@
+"""Silence native libraries (PISA's spdlog, progress bars printed from C++) at the fd level.
+
+PISA writes to file descriptors 1 and 2 directly, so redirecting sys.stdout is not enough.
+`quiet_fds()` points fds 1 and 2 at a temporary log while active; on an exception the log's
+tail is attached to the error so nothing useful is lost. `console()` gives a rich Console on a
+duplicate of the real stderr, so progress bars still show while the fds are redirected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+from typing import Iterator
+
+
+@contextlib.contextmanager
+def quiet_fds() -> Iterator[None]:
+    """Redirect fds 1 and 2 to a temporary file for the duration of the block."""
+    if os.environ.get("MMSPARSE_DEBUG") == "1":  # debugging: keep the engine's own logs
+        yield
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with tempfile.TemporaryFile(mode="w+b") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        except BaseException as e:
+            _restore(saved)
+            log.seek(0)
+            tail = log.read()[-2000:].decode("utf-8", "replace").strip()
+            if tail and hasattr(e, "add_note"):
+                e.add_note(f"engine log (tail):\n{tail}")
+            raise
+        else:
+            _restore(saved)
+
+
+def _restore(saved: list[int]) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for fd, dup in zip((1, 2), saved):
+        if dup >= 0:
+            os.dup2(dup, fd)
+            os.close(dup)
+    saved[:] = [-1, -1]
+
+
+def console():
+    """A rich Console writing to a duplicate of the current stderr (survives quiet_fds)."""
+    from rich.console import Console
+
+    return Console(file=os.fdopen(os.dup(2), "w", buffering=1), stderr=True,
+                   force_terminal=sys.stderr.isatty() or None)

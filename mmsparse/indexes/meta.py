@@ -1,0 +1,49 @@
+"""`mmsparse.json`: what an index directory holds and how it was built.
+
+Keys: kind (pisa | seismic | faiss), format_version, source (absolute path of the HDF5 it was
+built from), source_attrs (modality, head, backbone, model, dataset, split, ... of that file),
+num_docs, build_seconds, settings (engine options), plus kind-specific keys (quantisation
+scale for PISA, dim/metric for Faiss), mmsparse_version and command.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import InputError, require_dir
+from ..provenance import stamp
+
+META_NAME = "mmsparse.json"
+KINDS = ("pisa", "seismic", "faiss")
+SPARSE_KINDS = ("pisa", "seismic")
+# Source-file attributes worth carrying into the index metadata (when present).
+SOURCE_KEYS = ("format", "modality", "head", "method", "query_mode", "backbone", "model", "dataset",
+               "split", "normalized", "dim", "mmsparse_version", "command")
+
+
+def source_attrs(attrs: dict) -> dict:
+    """The subset of an HDF5 file's attributes recorded in the index metadata."""
+    return {k: attrs[k] for k in SOURCE_KEYS if k in attrs}
+
+
+def write_meta(index_dir: Path, meta: dict) -> None:
+    """Write `mmsparse.json` into (the temporary) index directory, adding provenance."""
+    out = {**meta, "format_version": 1, **stamp()}
+    (Path(index_dir) / META_NAME).write_text(json.dumps(out, indent=2, sort_keys=True) + "\n",
+                                             encoding="utf-8")
+
+
+def read_meta(index_dir: str | Path) -> dict:
+    """Load and check `mmsparse.json`. Raises InputError if missing, unreadable or unknown kind."""
+    d = require_dir(index_dir, "index")
+    p = d / META_NAME
+    if not p.is_file():
+        raise InputError(f"{d}: not an mmsparse index (no {META_NAME}); build one with `mmsparse index`")
+    try:
+        meta = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise InputError(f"{p}: unreadable index metadata ({e}); rebuild the index") from None
+    if meta.get("kind") not in KINDS:
+        raise InputError(f"{p}: field 'kind' is {meta.get('kind')!r}, expected one of {', '.join(KINDS)}")
+    return meta

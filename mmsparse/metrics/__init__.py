@@ -1,0 +1,18 @@
+"""Evaluation measures: effectiveness (ir-measures), efficiency (FLOPs, eq. 1 of D2S),
+sparsity, semantic deviation (Exact@k / Semantic@k, eq. 2-3), faithfulness and significance.
+
+Every function works on in-memory data (dicts, CSR matrices, arrays) so it can be tested
+against hand-computed examples; `mmsparse eval` / `mmsparse inspect` wire them to files.
+"""
+
+from .effectiveness import EvalResult, evaluate_run, parse_measures
+from .efficiency import flops, flops_brute_force, posting_lengths, sparsity_stats, term_df
+from .semantics import caption_term_ids, exact_semantic_at_k, load_static_embeddings
+from .compare import bonferroni, overlap_at_k, paired_ttest, pearson_per_query, power_law_exponent
+
+__all__ = [
+    "EvalResult", "evaluate_run", "parse_measures",
+    "flops", "flops_brute_force", "posting_lengths", "sparsity_stats", "term_df",
+    "caption_term_ids", "exact_semantic_at_k", "load_static_embeddings",
+    "bonferroni", "overlap_at_k", "paired_ttest", "pearson_per_query", "power_law_exponent",
+]

@@ -1,0 +1,119 @@
+"""Semantic deviation proxies of D2S (eq. 2-3): Exact@k and Semantic@k of caption vectors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..errors import InputError
+
+
+def tokenize_captions(texts: Sequence[str], tokenizer: str | Path) -> list[list[str]]:
+    """Word pieces of each caption (no special tokens) with the tokenizer.json in `tokenizer`
+    (a model directory or the file itself). Raises InputError if there is none."""
+    from tokenizers import Tokenizer
+
+    p = Path(tokenizer)
+    f = p / "tokenizer.json" if p.is_dir() else p
+    if not f.is_file():
+        raise InputError(f"{p}: no tokenizer.json; pass --tokenizer MODEL_DIR (the model whose vocab the head uses)")
+    tok = Tokenizer.from_file(str(f))
+    return [e.tokens for e in tok.encode_batch(list(texts), add_special_tokens=False)]
+
+
+def caption_term_ids(pieces: Sequence[Sequence[str]], vocab: Sequence[str]) -> list[np.ndarray]:
+    """Unique vocab ids (int64, sorted) of each caption's word pieces; pieces not in `vocab` are dropped."""
+    index = {t: i for i, t in enumerate(vocab)}
+    return [np.unique(np.array([index[t] for t in ps if t in index], dtype=np.int64)) for ps in pieces]
+
+
+def top_k_ids(matrix: sp.csr_matrix, i: int, k: int) -> np.ndarray:
+    """Term ids of row i's k largest non-zero weights (ties broken by lower term id)."""
+    s, e = matrix.indptr[i], matrix.indptr[i + 1]
+    idx, w = matrix.indices[s:e], matrix.data[s:e]
+    keep = w != 0
+    idx, w = idx[keep], w[keep]
+    return idx[np.argsort(-w, kind="stable")[:k]].astype(np.int64)
+
+
+def exact_semantic_at_k(matrix: sp.csr_matrix, caption_ids: Sequence[np.ndarray], k: int,
+                        embeddings: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Per-caption Exact@k (eq. 2) and Semantic@k (eq. 3), float64 [N] each.
+
+    matrix: CSR [N, |V|] caption term weights s_C; caption_ids[i]: vocab ids of caption i's
+    word pieces x_C; embeddings: static term embeddings f_enc [|V|, e] (rows aligned with the
+    vocab) or None to skip Semantic@k.
+    Exact@k = |top_k(s_C) ∩ x_C| / k.  Semantic@k = (1/k) sum_{t in top_k(s_C)} max_{c in x_C} cos(f(t), f(c)).
+    Both divide by k even when a row has fewer than k non-zeros (as the equations do); a
+    caption with no in-vocab piece scores 0.
+    """
+    if k < 1:
+        raise ValueError("k must be >= 1")
+    n = matrix.shape[0]
+    if len(caption_ids) != n:
+        raise ValueError(f"{len(caption_ids)} captions for {n} rows")
+    exact = np.zeros(n)
+    sem = np.zeros(n) if embeddings is not None else None
+    if embeddings is not None:
+        if embeddings.shape[0] != matrix.shape[1]:
+            raise InputError(f"static embeddings have {embeddings.shape[0]} rows, the vocab has {matrix.shape[1]} terms")
+        norms = np.linalg.norm(embeddings, axis=1, keepdims=True)
+        unit = embeddings / np.where(norms == 0, 1, norms)
+    for i in range(n):
+        top, cap = top_k_ids(matrix, i, k), caption_ids[i]
+        if not len(top) or not len(cap):
+            continue
+        exact[i] = np.isin(top, cap).sum() / k
+        if sem is not None:
+            sem[i] = (unit[top] @ unit[cap].T).max(axis=1).sum() / k
+    return exact, sem
+
+
+def load_static_embeddings(path: str | Path, vocab_size: int, key: str | None = None) -> np.ndarray:
+    """Static term embeddings [vocab_size, e] float32 from `path`:
+
+    - a .npy file [vocab_size, e];
+    - a .safetensors file or a directory holding model.safetensors (a head directory or a
+      Hugging Face model): tensor `key` if given, else `...word_embeddings.weight`, else a
+      2-D tensor named like W2 / w2 (the head's output layer), else the only 2-D tensor with
+      a dimension of size vocab_size. A [e, vocab_size] tensor is transposed.
+    Raises InputError when nothing fits.
+    """
+    from safetensors import safe_open
+
+    p = Path(path)
+    if p.suffix == ".npy" and p.is_file():
+        emb = np.load(p)
+        return _orient(emb, vocab_size, str(p))
+    f = p / "model.safetensors" if p.is_dir() else p
+    if not f.is_file():
+        raise InputError(f"{p}: static embeddings not found (expected .npy, .safetensors, or a directory "
+                         "with model.safetensors)")
+    with safe_open(str(f), framework="numpy") as st:
+        shapes = {k: st.get_slice(k).get_shape() for k in st.keys()}
+        fits = [k for k, s in shapes.items() if len(s) == 2 and vocab_size in s]
+        if key is not None:
+            if key not in shapes:
+                raise InputError(f"{f}: no tensor {key!r}; 2-D tensors with a {vocab_size} dimension: {fits}")
+            pick = key
+        else:
+            pick = (next((k for k in fits if k.endswith("word_embeddings.weight")), None)
+                    or next((k for k in fits if "w2" in k.lower()), None)
+                    or (fits[0] if len(fits) == 1 else None))
+            if pick is None:
+                raise InputError(f"{f}: cannot tell which tensor holds the {vocab_size} term embeddings "
+                                 f"(candidates: {fits}); pass --embedding-key")
+        emb = st.get_tensor(pick)
+    return _orient(emb, vocab_size, f"{f}[{pick}]")
+
+
+def _orient(emb: np.ndarray, vocab_size: int, where: str) -> np.ndarray:
+    emb = np.asarray(emb, dtype=np.float32)
+    if emb.ndim == 2 and emb.shape[0] != vocab_size and emb.shape[1] == vocab_size:
+        emb = emb.T
+    if emb.ndim != 2 or emb.shape[0] != vocab_size:
+        raise InputError(f"{where}: embeddings of shape {emb.shape} do not match the {vocab_size}-term vocab")
+    return np.ascontiguousarray(emb)

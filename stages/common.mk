@@ -1,0 +1,19 @@
+# common.mk — variables every stage fragment uses. Include it first.
+#
+#   MMSPARSE   the command to run (default: mmsparse)
+#   WORK       where every output goes (default: work)
+#   BACKBONE   backbone name as `encode-dense --backbone` takes it (default: hf-dual)
+#   EVAL_SPLIT the split that is indexed, searched and evaluated (default: test)
+#   DENSE_DIR  dense HDF5 + qrels of this backbone (default: $(WORK)/dense/$(BACKBONE));
+#              this is also the workspace convention `train-head --backbone NAME` reads
+#              (MMSPARSE_WORK=$(WORK)).
+MMSPARSE   ?= mmsparse
+WORK       ?= work
+BACKBONE   ?= hf-dual
+EVAL_SPLIT ?= test
+DENSE_DIR  ?= $(WORK)/dense/$(BACKBONE)
+QRELS      ?= $(DENSE_DIR)/$(EVAL_SPLIT).qrels
+export MMSPARSE_WORK := $(abspath $(WORK))
+
+# Make deletes a target whose recipe failed; the stages also write atomically.
+.DELETE_ON_ERROR:
