@@ -1,18 +1,331 @@
-"""What every output records about how it was made."""
+"""What every output records about how it was made, and walking that record back.
+
+Every output carries `mmsparse_version`, `command` (the command line), `inputs` and, for
+seeded stages, `seed`:
+  HDF5 files          file attributes (`inputs` as a JSON string)
+  head directories    config.json "provenance" object
+  index directories   mmsparse.json
+  eval JSON           top-level keys
+  runs and qrels      a sidecar RUN.meta.json (TREC text has no header)
+`inputs` is a list of {"path": absolute path, "kind": dense|sparse|head|index|run|qrels|
+annotations|images|model|..., "sha256": content hash} (directories: hash over their files'
+hashes; large directories such as image folders or models: "manifest_sha256" over names, sizes
+and modification times instead).
+
+The CLI registers each command's input paths before it runs (`begin`, called by mmsparse.cli;
+`add_inputs` for inputs a command finds itself), so the writers' `stamp()` records them.
+`chain(path)` / `format_chain` walk the record back to the images and captions
+(`mmsparse inspect --provenance FILE`).
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import shlex
 import sys
+from pathlib import Path
 
 from . import __version__
 
+# directories above this total size get a manifest hash (names, sizes, mtimes), not a content hash
+CONTENT_HASH_DIR_LIMIT = 64 << 20
+SIDECAR = ".meta.json"
+
+_state: dict = {"inputs": [], "seed": None, "command": None}
+_hash_cache: dict[tuple, str] = {}
+
 
 def command_line() -> str:
-    """The command line of this process, shell-quoted (as a user could paste it)."""
+    """The command line of the running command, shell-quoted (as a user could paste it): the
+    process's argv under the `mmsparse` script, else (CliRunner, Python API) the one registered
+    by `begin(command=...)`."""
+    if _state.get("command"):
+        return _state["command"]
     return " ".join(shlex.quote(a) for a in ["mmsparse", *sys.argv[1:]]) if sys.argv else ""
 
 
-def stamp() -> dict[str, str]:
-    """Attributes every output file carries: `mmsparse_version` and `command`."""
-    return {"mmsparse_version": __version__, "command": command_line()}
+def click_command_line() -> str | None:
+    """`mmsparse SUBCOMMAND ARGS...` rebuilt from the running click context (arguments, and the
+    options that differ from their defaults), or None outside one."""
+    try:
+        import click
+        ctx = click.get_current_context(silent=True)
+    except ImportError:
+        return None
+    if ctx is None:
+        return None
+    parts = ["mmsparse", ctx.info_name or ""]
+    for p in ctx.command.params:
+        v = ctx.params.get(p.name)
+        if v is None or v == p.default or (v in ((), []) and not p.default):
+            continue
+        vals = list(v) if isinstance(v, (list, tuple)) else [v]
+        if isinstance(p, click.Argument):
+            parts += [str(x) for x in vals]
+        elif getattr(p, "is_flag", False):
+            parts.append(p.opts[0] if v else (p.secondary_opts or [p.opts[0]])[0])
+        else:
+            for x in vals:
+                parts += [p.opts[0], str(x)]
+    return " ".join(shlex.quote(a) for a in parts)
+
+
+# -- hashing ----------------------------------------------------------------------------------
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 hex digest of a file's bytes, cached by (path, size, mtime) within the process."""
+    p = Path(path).resolve()
+    st = p.stat()
+    key = (str(p), st.st_size, st.st_mtime_ns)
+    if key not in _hash_cache:
+        h = hashlib.sha256()
+        with open(p, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        _hash_cache[key] = h.hexdigest()
+    return _hash_cache[key]
+
+
+def content_hash(path: str | Path) -> dict:
+    """{"sha256": ...} of a file or a small directory (over relative names and file hashes), or
+    {"manifest_sha256": ...} (names, sizes, mtimes) of a large one; {} if `path` is missing."""
+    p = Path(path)
+    if p.is_file():
+        return {"sha256": file_sha256(p)}
+    if not p.is_dir():
+        return {}
+    files = sorted(f for f in p.rglob("*") if f.is_file() and not f.name.startswith("."))
+    stats = [(f, f.stat()) for f in files]
+    h = hashlib.sha256()
+    if sum(s.st_size for _, s in stats) <= CONTENT_HASH_DIR_LIMIT:
+        for f, _ in stats:
+            h.update(f"{f.relative_to(p).as_posix()}\0{file_sha256(f)}\n".encode())
+        return {"sha256": h.hexdigest()}
+    for f, s in stats:
+        h.update(f"{f.relative_to(p).as_posix()}\0{s.st_size}\0{s.st_mtime_ns}\n".encode())
+    return {"manifest_sha256": h.hexdigest()}
+
+
+# -- kinds ------------------------------------------------------------------------------------
+
+def detect_kind(path: str | Path) -> str:
+    """What an input is: dense | sparse | hdf5 | head | index | run | qrels | eval | annotations |
+    model | images | dir | file | missing. Cheap: reads attributes and a first line only."""
+    p = Path(path)
+    if not p.exists():
+        return "missing"
+    if p.is_dir():
+        if (p / "mmsparse.json").is_file():
+            return "index"
+        if (p / "config.json").is_file() and (p / "vocab.txt").is_file():
+            return "head"
+        if (p / "config.json").is_file():
+            return "model"
+        return "images" if any(p.glob("*.jp*g")) or any(p.glob("*.png")) else "dir"
+    side = sidecar_path(p)
+    if side.is_file():
+        try:
+            k = json.loads(side.read_text(encoding="utf-8")).get("format")
+            if k in ("run", "qrels"):
+                return k
+        except (OSError, ValueError):
+            pass
+    with open(p, "rb") as f:
+        head = f.read(8)
+    if head == b"\x89HDF\r\n\x1a\n":
+        try:
+            import h5py
+            with h5py.File(p, "r") as h:
+                fmt = h.attrs.get("format")
+            fmt = fmt.decode() if isinstance(fmt, bytes) else fmt
+            return fmt if fmt in ("dense", "sparse") else "hdf5"
+        except OSError:
+            return "hdf5"
+    if p.suffix == ".json":
+        try:
+            o = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return "file"
+        if isinstance(o, dict) and "measures" in o:
+            return "eval"
+        if isinstance(o, dict) and ("images" in o or "annotations" in o):
+            return "annotations"
+        return "file"
+    try:
+        with open(p, encoding="utf-8") as f:
+            first = next((ln for ln in f if ln.strip()), "")
+    except (OSError, UnicodeDecodeError):
+        return "file"
+    n = len(first.split())
+    return "run" if n == 6 else "qrels" if n == 4 else "file"
+
+
+def input_record(path: str | Path, kind: str | None = None) -> dict:
+    """{"path", "kind", "sha256" | "manifest_sha256"} of one input."""
+    p = Path(path)
+    return {"path": str(p.resolve()), "kind": kind or detect_kind(p), **content_hash(p)}
+
+
+# -- recording --------------------------------------------------------------------------------
+
+def begin(inputs=(), seed: int | None = None, command: str | None = None) -> None:
+    """Start recording a command: forget earlier inputs, register `inputs` (paths, or
+    (path, kind) pairs; missing paths are skipped), the seed and the command line (None: the
+    process's argv). Called by mmsparse.cli around every subcommand."""
+    _state["inputs"], _state["seed"], _state["command"] = [], seed, command
+    add_inputs(inputs)
+
+
+def add_inputs(inputs) -> None:
+    """Register more inputs of the running command (paths or (path, kind) pairs)."""
+    known = {r["path"] for r in _state["inputs"]}
+    for x in inputs:
+        path, kind = (x if isinstance(x, tuple) else (x, None))
+        if path is None or not Path(path).exists():
+            continue
+        rec = input_record(path, kind)
+        if rec["path"] not in known:
+            known.add(rec["path"])
+            _state["inputs"].append(rec)
+
+
+def record(inputs=None, seed: int | None = None) -> dict:
+    """JSON-ready provenance: mmsparse_version, command, inputs (list), seed (if any).
+    `inputs`/`seed` default to what the running command registered (begin/add_inputs)."""
+    ins = [input_record(*(x if isinstance(x, tuple) else (x,))) for x in inputs] if inputs is not None \
+        else list(_state["inputs"])
+    out = {"mmsparse_version": __version__, "command": command_line(), "inputs": ins}
+    s = seed if seed is not None else _state["seed"]
+    if s is not None:
+        out["seed"] = int(s)
+    return out
+
+
+def stamp(inputs=None, seed: int | None = None) -> dict:
+    """Attributes every HDF5 output carries: `mmsparse_version`, `command`, `inputs` (a JSON
+    string, see `record`) and `seed` when the command has one."""
+    r = record(inputs, seed)
+    r["inputs"] = json.dumps(r["inputs"], ensure_ascii=False)
+    return r
+
+
+def sidecar_path(path: str | Path) -> Path:
+    """RUN -> RUN.meta.json, the provenance sidecar of a text output (run, qrels)."""
+    p = Path(path)
+    return p.with_name(p.name + SIDECAR)
+
+
+# -- reading back -----------------------------------------------------------------------------
+
+def read_provenance(path: str | Path) -> dict:
+    """The recorded provenance of an mmsparse output: {"path", "kind", "command",
+    "mmsparse_version", "seed", "inputs": [...], "attrs": {...}} (missing keys: None / [])."""
+    p = Path(path)
+    kind = detect_kind(p)
+    rec: dict = {}
+    if kind in ("dense", "sparse"):
+        import h5py
+        with h5py.File(p, "r") as f:
+            rec = {k: (v.decode() if isinstance(v, bytes) else v.item() if hasattr(v, "item") else v)
+                   for k, v in f.attrs.items()}
+    elif kind == "head":
+        cfg = _json(p / "config.json")
+        rec = {**cfg.get("provenance", {}), "training": cfg.get("training", {})}
+    elif kind == "index":
+        rec = _json(p / "mmsparse.json")
+    elif kind in ("run", "qrels"):
+        rec = _json(sidecar_path(p))
+    elif kind == "eval":
+        rec = _json(p)
+    inputs = rec.get("inputs", [])
+    if isinstance(inputs, str):
+        try:
+            inputs = json.loads(inputs)
+        except ValueError:
+            inputs = []
+    if not inputs:
+        inputs = _legacy_inputs(kind, rec)
+    return {"path": str(p.resolve()) if p.exists() else str(p), "kind": kind,
+            "command": rec.get("command"), "mmsparse_version": rec.get("mmsparse_version"),
+            "seed": rec.get("seed"), "inputs": inputs, "attrs": rec}
+
+
+def _json(p: Path) -> dict:
+    try:
+        o = json.loads(p.read_text(encoding="utf-8"))
+        return o if isinstance(o, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _legacy_inputs(kind: str, rec: dict) -> list[dict]:
+    """Inputs named by older attributes (files written before `inputs` was recorded)."""
+    names = {"dense": ("source",), "sparse": ("head", "dense"), "index": ("source",),
+             "head": (), "eval": ("run", "qrels")}.get(kind, ())
+    out = [{"path": str(rec[k])} for k in names if rec.get(k)]
+    if kind == "head":
+        t = rec.get("training", {})
+        out = [{"path": t[k]} for k in ("train_images", "train_captions", "val_images", "val_captions") if t.get(k)]
+    return out
+
+
+def check_input(rec: dict) -> str:
+    """"ok" when the recorded input still has the recorded hash, "changed", "missing", or
+    "unhashed" (nothing recorded to compare)."""
+    p = Path(rec["path"])
+    if not p.exists():
+        return "missing"
+    for key in ("sha256", "manifest_sha256"):
+        if rec.get(key):
+            return "ok" if content_hash(p).get(key) == rec[key] else "changed"
+    return "unhashed"
+
+
+def chain(path: str | Path, _seen: set | None = None, _depth: int = 0) -> dict:
+    """The provenance tree of `path`: read_provenance plus, per input, its own tree
+    ("parents") and whether it still matches the recorded hash ("status")."""
+    seen = _seen if _seen is not None else set()
+    node = read_provenance(path)
+    node["parents"] = []
+    key = node["path"]
+    if key in seen or _depth > 20:
+        node["repeated"] = True
+        return node
+    seen.add(key)
+    for rec in node["inputs"]:
+        if not Path(rec["path"]).exists():
+            child = {"path": rec["path"], "kind": rec.get("kind", "?"), "parents": [], "inputs": []}
+        elif rec.get("kind") in ("images", "model", "annotations", "dir") or \
+                detect_kind(rec["path"]) in ("images", "model", "annotations", "dir", "file"):
+            child = {"path": rec["path"], "kind": rec.get("kind") or detect_kind(rec["path"]),
+                     "parents": [], "inputs": []}
+        else:
+            child = chain(rec["path"], seen, _depth + 1)
+        child["status"] = check_input(rec)
+        node["parents"].append(child)
+    return node
+
+
+def format_chain(tree: dict) -> list[str]:
+    """Indented text lines of a `chain` tree: path (kind, status), then command and version."""
+    lines: list[str] = []
+
+    def walk(n: dict, indent: str, last: bool, root: bool) -> None:
+        branch = "" if root else ("└─ " if last else "├─ ")
+        status = f", {n['status']}" if n.get("status") and n["status"] != "ok" else ""
+        lines.append(f"{indent}{branch}{n['path']}  ({n.get('kind', '?')}{status})")
+        sub = indent + ("" if root else ("   " if last else "│  "))
+        if n.get("repeated"):
+            lines.append(f"{sub}   (shown above)")
+            return
+        if n.get("command"):
+            extra = f", seed {n['seed']}" if n.get("seed") is not None else ""
+            lines.append(f"{sub}   made by: {n['command']}  [mmsparse {n.get('mmsparse_version')}{extra}]")
+        ps = n.get("parents", [])
+        for i, c in enumerate(ps):
+            walk(c, sub, i == len(ps) - 1, False)
+
+    walk(tree, "", True, True)
+    return lines

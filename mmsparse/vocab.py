@@ -24,12 +24,24 @@ from .errors import InputError
 @dataclass
 class Vocab:
     """terms: |V| strings; embeddings: [|V|, ω] float32 torch tensor; tokenizer: HF tokenizer;
-    source: where it came from (model path or backbone name, for provenance)."""
+    source: where it came from (model path, for provenance); token_ids: [|V|] int64 tokenizer id
+    of each term (None = 0..|V|-1, the whole tokenizer vocabulary)."""
 
     terms: list[str]
     embeddings: "object"
     tokenizer: "object"
     source: str
+    token_ids: np.ndarray | None = None
+
+    def __post_init__(self):
+        if self.token_ids is None:
+            self.token_ids = np.arange(len(self.terms), dtype=np.int64)
+
+    def restrict(self, keep: np.ndarray) -> "Vocab":
+        """The sub-vocabulary of the terms where boolean mask `keep` [|V|] is True."""
+        idx = np.flatnonzero(keep)
+        return Vocab([self.terms[i] for i in idx], self.embeddings[idx], self.tokenizer, self.source,
+                     self.token_ids[idx])
 
 
 def _clean(term: str) -> str:
@@ -101,6 +113,21 @@ def caption_token_ids(tokenizer, texts: list[str], max_length: int = 128) -> lis
     for ids in enc["input_ids"]:
         a = np.unique(np.asarray(ids, dtype=np.int64))
         out.append(a[~np.isin(a, list(special))] if special else a)
+    return out
+
+
+def to_columns(ids: list[np.ndarray], token_ids: np.ndarray, n_tokens: int | None = None) -> list[np.ndarray]:
+    """Map tokenizer ids to head columns (the position of each id in `token_ids`); ids the head's
+    vocabulary lacks are dropped."""
+    token_ids = np.asarray(token_ids, dtype=np.int64)
+    n = max(int(token_ids.max(initial=-1)) + 1, n_tokens or 0,
+            max((int(a.max(initial=-1)) + 1 for a in ids), default=0))
+    col = np.full(n, -1, dtype=np.int64)
+    col[token_ids] = np.arange(len(token_ids))
+    out = []
+    for a in ids:
+        c = col[a]
+        out.append(np.sort(c[c >= 0]))
     return out
 
 

@@ -17,3 +17,7 @@ export MMSPARSE_WORK := $(abspath $(WORK))
 
 # Make deletes a target whose recipe failed; the stages also write atomically.
 .DELETE_ON_ERROR:
+
+# Keep every file a chain of pattern rules builds (heads, sparse files, indexes, runs): without
+# this, Make deletes such "intermediate" files at the end of the run, e.g. a trained head's config.json.
+.SECONDARY:

@@ -27,9 +27,10 @@ def test_dense_round_trip(tmp_path, ids, dim, half, data):
     vec = rng.standard_normal((len(ids), dim)).astype(np.float32)
     texts = data.draw(st.none() | st.just([f"caption ñ {i}" for i in ids]))
     p = tmp_path / f"d{len(ids)}-{dim}-{half}.h5"
-    write_dense(p, ids, vec, ATTRS, texts=texts, dtype="float16" if half else "float32")
+    image_ids = [f"img{i}" for i in range(len(ids))] if texts is not None else None
+    write_dense(p, ids, vec, ATTRS, texts=texts, dtype="float16" if half else "float32", image_ids=image_ids)
     d = read_dense(p)
-    assert d.ids == ids and d.texts == texts and d.dim == dim
+    assert d.ids == ids and d.texts == texts and d.dim == dim and d.image_ids == image_ids
     np.testing.assert_allclose(d.vectors, vec, rtol=1e-3 if half else 0, atol=1e-3 if half else 0)
     assert d.attrs["modality"] == "image" and d.attrs["dim"] == dim and "command" in d.attrs
     got = [i for chunk, _ in iter_dense(p, chunk_rows=5) for i in chunk]

@@ -41,7 +41,7 @@ def backbone_names() -> list[str]:
 
 
 def _import_all() -> None:
-    from . import blip, hf_dual  # noqa: F401  (registration side effect)
+    from . import albef, blip, hf_dual  # noqa: F401  (registration side effect)
 
 
 def resolve_device(device: str) -> str:
@@ -70,7 +70,7 @@ class Backbone(ABC):
     Attributes: name (registry name), model (hub id or absolute local path), dim (embedding
     dim d), normalized (True if vectors are L2-normalised), tokenizer (HF tokenizer; its
     vocabulary is the sparse head's default vocabulary), device (torch device string).
-    Subclasses implement `preprocess_images`, `encode_pixels`, `encode_tokens`,
+    Subclasses set `image_preprocessor` and implement `encode_pixels`, `encode_tokens`,
     `word_embeddings` and set the attributes in __init__.
     """
 
@@ -83,11 +83,14 @@ class Backbone(ABC):
     max_length: int = 64          # caption truncation, in tokens
     text_padding: str | bool = True   # tokenizer padding mode ("max_length" for SigLIP)
 
+    # picklable callable list[PIL.Image] -> pixel_values float32 [B, 3, H, W] (CPU), run in
+    # DataLoader workers; set by subclasses from the model's saved image processor
+    image_preprocessor: Callable | None = None
+
     # -- images ---------------------------------------------------------------------------
-    @abstractmethod
     def preprocess_images(self, images: list) -> "torch.Tensor":  # noqa: F821
-        """list[PIL.Image] (any mode) -> pixel_values float32 [B, 3, H, W] (CPU; picklable
-        so DataLoader workers can call it)."""
+        """list[PIL.Image] (any mode) -> pixel_values float32 [B, 3, H, W] on the CPU."""
+        return self.image_preprocessor(images)
 
     @abstractmethod
     def encode_pixels(self, pixel_values, extras: tuple[str, ...] = (), layer: int = -1) -> dict[str, np.ndarray]:

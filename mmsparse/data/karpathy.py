@@ -8,27 +8,24 @@ present for COCO, absent for Flickr).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from ..errors import InputError, require_file
-from .records import CaptionRecord, ImageRecord, SplitData
+from ..errors import InputError
+from .records import CaptionRecord, ImageRecord, SplitData, load_json
 
 SPLIT_ALIASES = {"restval": "train"}
 
 
-def read_karpathy(path: str | Path, image_root: str | Path) -> dict[str, SplitData]:
+def read_karpathy(path: str | Path, image_root: str | Path, data: dict | None = None) -> dict[str, SplitData]:
     """Read a Karpathy split JSON into {split: SplitData} (splits in first-seen order).
+    `data`: the already-parsed JSON, if the caller has it.
 
     Raises InputError for a missing/unreadable file or a missing field (named with the image index),
     and for duplicate image ids or sentids.
     """
-    p = require_file(path, "Karpathy split JSON")
-    try:
-        with open(p, encoding="utf-8") as f:
-            data = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(f"{p}: not valid JSON ({e}); pass a Karpathy dataset_*.json file") from None
+    p = Path(path)
+    if data is None:
+        data = load_json(p, "Karpathy split JSON")
     if not isinstance(data, dict) or not isinstance(data.get("images"), list):
         raise InputError(f"{p}: images: missing top-level 'images' list; is this a Karpathy split file?")
     root = Path(image_root)

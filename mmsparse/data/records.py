@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ..errors import InputError, require_file
 
 
 @dataclass(frozen=True)
@@ -42,3 +45,13 @@ class SplitData:
     def qrels(self) -> dict[str, dict[str, int]]:
         """Caption id -> {image id: 1} for captions that name an image."""
         return {c.id: {c.image_id: 1} for c in self.captions if c.image_id}
+
+
+def load_json(path: str | Path, what: str):
+    """Parse a JSON file; InputError if it is missing or not JSON."""
+    p = require_file(path, what)
+    try:
+        with open(p, encoding="utf-8") as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"{p}: not valid JSON ({e}); pass a {what}") from None

@@ -17,7 +17,7 @@ def open_h5(path: str | Path, kind: str) -> h5py.File:
     p = require_file(path, f"{kind} HDF5")
     try:
         f = h5py.File(p, "r")
-    except OSError as e:
+    except OSError as e:  # h5py reports truncation, wrong signature, ... as OSError
         raise InputError(f"{p}: cannot open as HDF5 ({e}); the file is truncated or not HDF5") from None
     found = f.attrs.get("format")
     if found != kind:
@@ -46,7 +46,9 @@ def read_strings(ds) -> list[str]:
 
 
 def check_ids(ids, path) -> None:
-    if any(not i for i in ids):
-        raise InputError(f"{path}: field 'ids' contains an empty id")
-    if len(set(ids)) != len(ids):
-        raise InputError(f"{path}: field 'ids' contains duplicate ids; ids must be unique")
+    """Ids are non-empty and unique (InputError naming the first offender and its row)."""
+    if all(ids) and len(set(ids)) == len(ids):
+        return
+    from ..checks import check_ids as full
+
+    full(ids, path)

@@ -4,6 +4,9 @@ Layout:
   ids      [N] UTF-8 strings, unique
   vectors  [N, d] float32 (float16 allowed)
   texts    [N] UTF-8 strings (captions only)
+  image_ids [N] UTF-8 strings (captions only: the image each caption describes)
+  extras   optional writer-specific datasets (DenseWriter.append_extra / set_extra), e.g.
+           encode-dense's token_states, patch_states, pre_projection (mmsparse/backbones/encode.py)
   attrs    format="dense", modality (image|text), backbone, model, dataset, split,
            normalized (bool), dim, mmsparse_version, command, plus anything a writer adds.
 """
@@ -38,6 +41,7 @@ class DenseCollection:
     vectors: np.ndarray
     attrs: dict = field(default_factory=dict)
     texts: list[str] | None = None
+    image_ids: list[str] | None = None
 
     @property
     def dim(self) -> int:
@@ -81,10 +85,14 @@ class DenseWriter:
                                            chunks=(chunk_rows, dim))
         self._texts = (self._f.create_dataset("texts", (0,), maxshape=(None,), dtype=STR, chunks=(chunk_rows,))
                        if with_texts else None)
+        self._image_ids = (self._f.create_dataset("image_ids", (0,), maxshape=(None,), dtype=STR, chunks=(chunk_rows,))
+                           if with_texts else None)
         self._seen: set[str] = set()
 
-    def append(self, ids: list[str], vectors: np.ndarray, texts: list[str] | None = None) -> None:
-        """Append rows. ids: n strings; vectors: [n, dim]; texts: n strings if with_texts."""
+    def append(self, ids: list[str], vectors: np.ndarray, texts: list[str] | None = None,
+               image_ids: list[str] | None = None) -> None:
+        """Append rows. ids: n strings; vectors: [n, dim]; texts (and optionally image_ids,
+        the image each caption describes): n strings each, for text files."""
         vectors = np.asarray(vectors)
         if vectors.ndim != 2 or vectors.shape[0] != len(ids) or vectors.shape[1] != self._vec.shape[1]:
             raise ValueError(f"vectors shape {vectors.shape} does not match {len(ids)} ids x dim {self._vec.shape[1]}")
@@ -104,9 +112,35 @@ class DenseWriter:
                 raise ValueError("texts must be given for every row of a text file")
             self._texts.resize((n1,))
             self._texts[n0:n1] = texts
+            if image_ids is not None:
+                if len(image_ids) != len(ids):
+                    raise ValueError("image_ids must have one entry per row")
+                self._image_ids.resize((n1,))
+                self._image_ids[n0:n1] = image_ids
         self._n = n1
 
+    def append_extra(self, name: str, rows: np.ndarray) -> None:
+        """Append rows to an extra per-row dataset `name` (e.g. token_states [n, L, h]); created on
+        the first call with rows' trailing shape and dtype. Keep it in step with `append`."""
+        rows = np.asarray(rows)
+        if name not in self._f:
+            tail = rows.shape[1:]
+            per_row = max(1, int(np.prod(tail, dtype=np.int64)) * rows.dtype.itemsize)
+            chunk = max(1, min(1024, (1 << 20) // per_row))
+            self._f.create_dataset(name, (0, *tail), maxshape=(None, *tail), dtype=rows.dtype,
+                                   chunks=(chunk, *tail))
+        ds = self._f[name]
+        n0 = ds.shape[0]
+        ds.resize(n0 + rows.shape[0], axis=0)
+        ds[n0:] = rows
+
+    def set_extra(self, name: str, array: np.ndarray) -> None:
+        """Store a whole extra dataset `name` (e.g. projection weights), written once."""
+        self._f.create_dataset(name, data=np.asarray(array))
+
     def close(self) -> None:
+        if self._image_ids is not None and self._image_ids.shape[0] != self._n:
+            del self._f["image_ids"]  # written for no row or not for all: drop rather than mislead
         self._f.close()
         self._ctx.__exit__(None, None, None)
 
@@ -128,11 +162,12 @@ class DenseWriter:
 
 
 def write_dense(path: str | Path, ids: list[str], vectors: np.ndarray, attrs: dict,
-                texts: list[str] | None = None, dtype: str = "float32") -> None:
+                texts: list[str] | None = None, dtype: str = "float32",
+                image_ids: list[str] | None = None) -> None:
     """Write a whole dense collection atomically (see DenseWriter for `attrs`)."""
     vectors = np.asarray(vectors)
     with DenseWriter(path, vectors.shape[1], attrs, with_texts=texts is not None, dtype=dtype) as w:
-        w.append(list(ids), vectors, texts)
+        w.append(list(ids), vectors, texts, image_ids)
 
 
 def read_dense_attrs(path: str | Path) -> dict:
@@ -154,19 +189,40 @@ def read_dense(path: str | Path, dtype=np.float32) -> DenseCollection:
         ids = read_strings(f["ids"])
         vec = f["vectors"][()].astype(dtype, copy=False)
         texts = read_strings(f["texts"]) if "texts" in f else None
+        image_ids = read_strings(f["image_ids"]) if "image_ids" in f else None
     if vec.ndim != 2 or vec.shape[0] != len(ids):
         raise InputError(f"{path}: 'vectors' has shape {vec.shape} but there are {len(ids)} ids")
     check_ids(ids, path)
     if not np.isfinite(vec).all():
         bad = int((~np.isfinite(vec)).any(axis=1).sum())
         raise InputError(f"{path}: field 'vectors' has NaN/Inf in {bad} row(s); re-encode them")
-    return DenseCollection(ids, vec, a, texts)
+    return DenseCollection(ids, vec, a, texts, image_ids)
 
 
 def iter_dense(path: str | Path, chunk_rows: int = 4096) -> Iterator[tuple[list[str], np.ndarray]]:
-    """Stream (ids, vectors[float32]) chunks of at most `chunk_rows` rows; memory O(chunk)."""
+    """Stream (ids, vectors[float32]) chunks of at most `chunk_rows` rows; memory O(chunk).
+
+    Checks as it goes: attributes, datasets, empty/duplicate ids and NaN/Inf (InputError naming
+    `path`), so a consumer never writes an output from a bad input."""
+    from ..checks import check_finite
+
     with open_h5(path, "dense") as f:
+        _check_attrs(attrs_dict(f), path)
+        for k in ("ids", "vectors"):
+            if k not in f:
+                raise InputError(f"{path}: dense file lacks dataset {k!r}")
         n = f["ids"].shape[0]
+        if f["vectors"].ndim != 2 or f["vectors"].shape[0] != n:
+            raise InputError(f"{path}: 'vectors' has shape {f['vectors'].shape} but there are {n} ids")
+        seen: set[str] = set()
         for s in range(0, n, chunk_rows):
             ids = [x.decode() if isinstance(x, bytes) else x for x in f["ids"][s:s + chunk_rows]]
-            yield ids, f["vectors"][s:s + chunk_rows].astype(np.float32)
+            for j, i in enumerate(ids):
+                if not i or i in seen:
+                    what = f"duplicate id {i!r}" if i else "an empty id"
+                    raise InputError(f"{path}: field 'ids' has {what} at row {s + j}; ids must be "
+                                     "non-empty and unique")
+                seen.add(i)
+            vec = f["vectors"][s:s + chunk_rows].astype(np.float32)
+            check_finite(vec, path, ids)
+            yield ids, vec

@@ -112,6 +112,10 @@ def read_sparse(path: str | Path) -> SparseCollection:
         raise InputError(f"{path}: CSR fields indptr/indices/weights are inconsistent with {len(ids)} ids")
     if len(indices) and (indices.min() < 0 or indices.max() >= len(vocab)):
         raise InputError(f"{path}: field 'indices' points outside the {len(vocab)}-term vocab")
+    if len(weights) and not (np.isfinite(weights).all() and weights.min() >= 0):
+        raise InputError(f"{path}: field 'weights' has NaN/Inf or negative values; re-run sparsify")
+    if len(indptr) and (indptr[0] != 0 or (np.diff(indptr) < 0).any()):
+        raise InputError(f"{path}: field 'indptr' is not non-decreasing from 0; the file is corrupt")
     check_ids(ids, path)
     m = sp.csr_matrix((weights, indices, indptr), shape=(len(ids), len(vocab)))
     return SparseCollection(ids, m, vocab, a, texts)

@@ -2,7 +2,8 @@
 
 A head directory holds:
   config.json        {"method": ..., "dim": d, "vocab_size": |V|, ...method fields,
-                      "training": {provenance of the dense files it was trained on}}
+                      "training": {provenance of the dense files it was trained on},
+                      "provenance": {mmsparse_version, command, inputs, seed} (see provenance.py)}
   model.safetensors  the weights
   vocab.txt          |V| terms, one per line (line i = output dimension i)
 """
@@ -59,7 +60,8 @@ class SparseHead(nn.Module):
     def save_pretrained(self, path: str | Path) -> None:
         """Write config.json, model.safetensors and vocab.txt into `path` atomically."""
         with atomic_path(path, directory=True) as tmp:
-            cfg = {"method": self.method, **self.config}
+            from ..provenance import record
+            cfg = {"method": self.method, **self.config, "provenance": record()}  # inputs, command, seed
             (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True), encoding="utf-8")
             state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
             save_file(state, str(tmp / "model.safetensors"), metadata={"method": self.method})

@@ -3,7 +3,8 @@
 Keys: kind (pisa | seismic | faiss), format_version, source (absolute path of the HDF5 it was
 built from), source_attrs (modality, head, backbone, model, dataset, split, ... of that file),
 num_docs, build_seconds, settings (engine options), plus kind-specific keys (quantisation
-scale for PISA, dim/metric for Faiss), mmsparse_version and command.
+scale for PISA, dim/metric for Faiss), and provenance: mmsparse_version, command and inputs
+(path, kind and sha256 of the source file; see mmsparse/provenance.py).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 from pathlib import Path
 
 from ..errors import InputError, require_dir
-from ..provenance import stamp
+from ..provenance import record
 
 META_NAME = "mmsparse.json"
 KINDS = ("pisa", "seismic", "faiss")
@@ -29,7 +30,7 @@ def source_attrs(attrs: dict) -> dict:
 
 def write_meta(index_dir: Path, meta: dict) -> None:
     """Write `mmsparse.json` into (the temporary) index directory, adding provenance."""
-    out = {**meta, "format_version": 1, **stamp()}
+    out = {**meta, "format_version": 1, **record()}
     (Path(index_dir) / META_NAME).write_text(json.dumps(out, indent=2, sort_keys=True) + "\n",
                                              encoding="utf-8")
 
@@ -47,3 +48,23 @@ def read_meta(index_dir: str | Path) -> dict:
     if meta.get("kind") not in KINDS:
         raise InputError(f"{p}: field 'kind' is {meta.get('kind')!r}, expected one of {', '.join(KINDS)}")
     return meta
+
+
+def hdf5_format(path: str | Path, what: str) -> str:
+    """The `format` attribute (sparse | dense) of an HDF5 file; InputError if missing or other."""
+    import h5py
+
+    from ..errors import require_file
+
+    p = require_file(path, what)
+    try:
+        with h5py.File(p, "r") as f:
+            fmt = f.attrs.get("format")
+    except OSError as e:
+        raise InputError(f"{p}: cannot open as HDF5 ({e}); the file is truncated or not HDF5") from None
+    if isinstance(fmt, bytes):
+        fmt = fmt.decode()
+    if fmt not in ("sparse", "dense"):
+        raise InputError(f"{p}: attribute 'format' is {fmt!r}, expected 'sparse' or 'dense' "
+                         "(make it with `mmsparse encode-dense` or `mmsparse sparsify`)")
+    return fmt

@@ -6,13 +6,15 @@ against hand-computed examples; `mmsparse eval` / `mmsparse inspect` wire them t
 """
 
 from .effectiveness import EvalResult, evaluate_run, parse_measures
-from .efficiency import flops, flops_brute_force, posting_lengths, sparsity_stats, term_df
+from .efficiency import flops, flops_brute_force, posting_lengths, row_nnz, sparsity_stats, term_df
 from .semantics import caption_term_ids, exact_semantic_at_k, load_static_embeddings
-from .compare import bonferroni, overlap_at_k, paired_ttest, pearson_per_query, power_law_exponent
+from .terms import df_table, display_term, explain_pair
+from .compare import bonferroni, overlap_at_k, overlap_histogram, paired_ttest, pearson_per_query, power_law_exponent
 
 __all__ = [
     "EvalResult", "evaluate_run", "parse_measures",
-    "flops", "flops_brute_force", "posting_lengths", "sparsity_stats", "term_df",
+    "flops", "flops_brute_force", "posting_lengths", "row_nnz", "sparsity_stats", "term_df",
     "caption_term_ids", "exact_semantic_at_k", "load_static_embeddings",
-    "bonferroni", "overlap_at_k", "paired_ttest", "pearson_per_query", "power_law_exponent",
+    "df_table", "display_term", "explain_pair",
+    "bonferroni", "overlap_at_k", "overlap_histogram", "paired_ttest", "pearson_per_query", "power_law_exponent",
 ]

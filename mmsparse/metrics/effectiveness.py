@@ -87,6 +87,6 @@ def evaluate_run(run: Mapping[str, Mapping[str, float]], qrels: Mapping[str, Map
     for m, n in zip(ms, names):
         a = m.aggregator()
         for q, v in per[n].items():
-            a.add(ir_measures.Metric(q, m, v))
+            a.add(v)
         agg[n] = float(a.result())
     return EvalResult(agg, per, not_in_qrels, not_in_run)

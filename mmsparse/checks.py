@@ -1,0 +1,134 @@
+"""Reusable checks every stage makes before doing work (bad input -> InputError, exit 2).
+
+Compatibility is read from the files' provenance attributes: two files that must come from the
+same backbone / model / head / split are compared key by key, and a mismatch names both files
+and both values. `force=True` turns a mismatch a user may knowingly want (e.g. searching images
+with images) into a warning on stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from .errors import InputError
+
+
+def _show(v) -> str:
+    return "(not recorded)" if v is None else repr(v)
+
+
+def check_compatible(a_attrs: dict, b_attrs: dict, keys: Sequence[str], a_name: str, b_name: str,
+                     fix: str = "", force: bool | None = None) -> list[str]:
+    """Compare `keys` of two attribute dicts; a key recorded in both with different values is a
+    mismatch. Raises InputError "A: key='x' but B: key='y'; FIX" for the first one, unless
+    `force` is True (then warns and returns the mismatch messages). `force=None` means the
+    command has no --force: the message does not offer it."""
+    msgs = []
+    for k in keys:
+        a, b = a_attrs.get(k), b_attrs.get(k)
+        if a is None or b is None or _norm(a) == _norm(b):
+            continue
+        msgs.append(f"{a_name}: {k}={_show(a)} but {b_name}: {k}={_show(b)}")
+    if msgs and not force:
+        hint = f"; {fix}" if fix else ""
+        more = f" (and {len(msgs) - 1} more mismatch(es))" if len(msgs) > 1 else ""
+        tail = "; pass --force to use them together anyway" if force is False else ""
+        raise InputError(f"{msgs[0]}{more}{hint}{tail}")
+    for m in msgs:
+        warn(f"{m} (--force: going ahead)")
+    return msgs
+
+
+def _norm(v):
+    if isinstance(v, str):
+        p = Path(v)
+        if p.is_absolute() and p.exists():  # the same model directory spelled two ways
+            return str(p.resolve())
+    if isinstance(v, (bool, int, float)):
+        return v
+    return str(v)
+
+
+def check_modality(attrs: dict, expected: str, path, what: str) -> None:
+    """InputError unless the file's `modality` is `expected` (image | text)."""
+    got = attrs.get("modality")
+    if got != expected:
+        noun = {"image": "images", "text": "captions"}
+        raise InputError(f"{path}: modality={_show(got)} but {what} must be {noun.get(expected, expected)} "
+                         f"(modality={expected!r}); pass the {noun.get(expected, expected)} file")
+
+
+def check_cross_modal(query_attrs: dict, doc_attrs: dict, query_path, doc_name: str, force: bool) -> None:
+    """Queries and documents of a cross-modal search have different modalities (captions search
+    images, images search captions). Same modality -> InputError unless `force`."""
+    q, d = query_attrs.get("modality"), doc_attrs.get("modality")
+    if q is None or d is None or q != d:
+        return
+    other = "text" if d == "image" else "image"
+    msg = (f"{query_path}: modality={q!r} but {doc_name} holds modality={d!r} documents; cross-modal "
+           f"search expects modality={other!r} queries")
+    if not force:
+        raise InputError(msg + "; pass --force to search within one modality")
+    warn(msg + " (--force: going ahead)")
+
+
+def check_captions(captions: Iterable, source) -> None:
+    """Every caption record (`.id`, `.text`) has non-empty text. InputError naming the first
+    empty one and the count."""
+    empty = [c.id for c in captions if not str(c.text).strip()]
+    if empty:
+        raise InputError(f"{source}: caption {empty[0]!r} is empty (zero-length text; {len(empty)} empty "
+                         f"caption(s) in all); fix or remove them")
+
+
+def check_ids(ids: Sequence[str], path, field: str = "ids") -> None:
+    """Ids are non-empty and unique; InputError naming the first offender."""
+    seen: set[str] = set()
+    for n, i in enumerate(ids):
+        if not i or not str(i).strip():
+            raise InputError(f"{path}: field '{field}' has an empty id at row {n}; ids must be non-empty")
+        if i in seen:
+            raise InputError(f"{path}: field '{field}' has duplicate id {i!r} (row {n}); ids must be unique")
+        seen.add(i)
+
+
+def check_finite(vectors, path, ids: Sequence[str] | None = None, start: int = 0) -> None:
+    """InputError if `vectors` [n, d] hold NaN/Inf, naming the count and the first row (id)."""
+    import numpy as np
+
+    bad = ~np.isfinite(vectors).all(axis=1)
+    if bad.any():
+        r = int(np.flatnonzero(bad)[0])
+        which = f"id {ids[r]!r}" if ids is not None else f"row {start + r}"
+        raise InputError(f"{path}: field 'vectors' has NaN/Inf in {int(bad.sum())} row(s) (first: {which}); "
+                         "re-encode them")
+
+
+def read_sidecar(path) -> dict:
+    """The provenance sidecar RUN.meta.json of a run or qrels file ({} when absent/unreadable)."""
+    from .provenance import sidecar_path
+
+    p = sidecar_path(path)
+    if not p.is_file():
+        return {}
+    try:
+        o = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return o if isinstance(o, dict) else {}
+
+
+def check_run_qrels(run_path, qrels_path, force: bool | None = None) -> None:
+    """The run's queries and the qrels come from the same dataset and split (as their
+    sidecars record); InputError naming both values otherwise."""
+    r, q = read_sidecar(run_path).get("queries", {}), read_sidecar(qrels_path)
+    check_compatible(r, q, ("dataset", "split"), f"{run_path} (its queries)", str(qrels_path),
+                     "evaluate a run against the qrels of the same split", force)
+
+
+def warn(msg: str) -> None:
+    """One warning line on stderr."""
+    print(f"mmsparse: warning: {msg}", file=sys.stderr)

@@ -1,0 +1,110 @@
+"""Dense2Sparse (D2S) multimodal sparse projection head (Nguyen et al., D2S paper §4.1, eq. 4-5).
+
+    z1 = W1 z            W1: [ω, d], no bias (the LayerNorm that follows removes any offset)
+    z2 = LN(z1)          eq. 5, learnable γ, β
+    s  = W2 z2 + b       W2: [|V|, ω] initialised from the vocabulary's input embeddings
+    s  = log(1 + ReLU(s))
+
+One head maps both images and captions (eq. 4). ω is the vocabulary embedding width.
+The head directory additionally holds `tokenizer/` (the vocabulary's tokenizer) so that
+`sparsify --query-mode caption-terms` needs nothing outside the directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .base import SparseHead, register_head
+
+
+class _LogReluLinear(torch.autograd.Function):
+    """s = log(1 + ReLU(x Wᵀ + b)) with a backward that only touches active vocabulary columns.
+
+    The gradient w.r.t. the pre-activation is g·exp(-s)·[s > 0] (d log(1+u)/du = 1/(1+u) = e^{-s}),
+    zero for every term that is inactive (ReLU) or expansion-masked in the whole batch. Once the
+    head is sparse only a few thousand of |V| columns are live, so restricting the two backward
+    B×ω×|V| matmuls to them is exact and several times faster; dense batches take the plain path.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        s = torch.addmm(bias, x, weight.t()).clamp_(min=0).log1p_()
+        ctx.save_for_backward(x, weight, s)
+        return s
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight, s = ctx.saved_tensors
+        gp = g * torch.exp(-s) * (s > 0)
+        gb = gp.sum(0)
+        cols = torch.nonzero(gb.ne(0) | gp.ne(0).any(0)).squeeze(1)
+        if cols.numel() > 0.5 * weight.shape[0]:
+            return gp @ weight, gp.t() @ x, gb
+        sub = gp.index_select(1, cols)
+        gx = sub @ weight.index_select(0, cols)
+        gw = torch.zeros_like(weight)
+        gw.index_copy_(0, cols, sub.t() @ x)
+        return gx, gw, gb
+
+
+@register_head("d2s")
+class D2SHead(SparseHead):
+    """config: dim (d), vocab_size (|V|), omega (ω), vocab_source, plus `training` provenance.
+    Buffer token_ids [|V|] int64: the tokenizer id of each output term.
+
+    forward: z [B, d] float32 -> s [B, |V|] float32, s >= 0.
+    """
+
+    def __init__(self, config: dict, vocab: list[str]):
+        super().__init__(config, vocab)
+        d, omega, v = int(config["dim"]), int(config["omega"]), int(config["vocab_size"])
+        self.w1 = nn.Linear(d, omega, bias=False)
+        self.norm = nn.LayerNorm(omega, eps=float(config.get("ln_eps", 1e-5)))
+        self.w2 = nn.Linear(omega, v, bias=True)
+        # tokenizer id of each output term (a sub-vocabulary keeps a subset of the tokenizer's)
+        self.register_buffer("token_ids", torch.arange(v, dtype=torch.int64))
+        self.tokenizer = None  # set by from_vocab / load_tokenizer; not part of the state dict
+
+    @classmethod
+    def from_vocab(cls, dim: int, vocab, training: dict | None = None, init_bias: float = 0.0) -> "D2SHead":
+        """A fresh head over `vocab` (mmsparse.vocab.Vocab): W2 <- vocab.embeddings [|V|, ω],
+        b <- init_bias; W1 and LN use PyTorch's default init (seed torch before calling)."""
+        emb = torch.as_tensor(vocab.embeddings, dtype=torch.float32)
+        cfg = {"dim": int(dim), "vocab_size": int(emb.shape[0]), "omega": int(emb.shape[1]),
+               "vocab_source": vocab.source, "training": dict(training or {})}
+        head = cls(cfg, vocab.terms)
+        with torch.no_grad():
+            head.w2.weight.copy_(emb)
+            head.w2.bias.fill_(float(init_bias))
+            head.token_ids.copy_(torch.as_tensor(vocab.token_ids, dtype=torch.int64))
+        head.tokenizer = vocab.tokenizer
+        return head
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return _LogReluLinear.apply(self.norm(self.w1(z)), self.w2.weight, self.w2.bias)
+
+    def save_pretrained(self, path: str | Path) -> None:
+        """config.json + model.safetensors + vocab.txt (atomically), then tokenizer/."""
+        super().save_pretrained(path)
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(str(Path(path) / "tokenizer"))
+
+
+def load_tokenizer(head: SparseHead, head_dir: str | Path):
+    """The head's tokenizer: HEAD_DIR/tokenizer/, else the config's `vocab_source` model path.
+    Raises InputError when neither exists."""
+    from transformers import AutoTokenizer
+
+    from ..errors import InputError
+
+    if getattr(head, "tokenizer", None) is not None:
+        return head.tokenizer
+    for cand in (Path(head_dir) / "tokenizer", Path(str(head.config.get("vocab_source", "")))):
+        if str(cand) and (cand / "tokenizer_config.json").is_file():
+            head.tokenizer = AutoTokenizer.from_pretrained(str(cand))
+            return head.tokenizer
+    raise InputError(f"{head_dir}: no tokenizer/ and vocab_source {head.config.get('vocab_source')!r} "
+                     "is not a tokenizer directory; needed for --query-mode caption-terms")

@@ -1,0 +1,62 @@
+"""D2S training loss (paper eq. 7) and the L1 warm-up schedule.
+
+    L = (1 - λ) [ℓ(I→C) + ℓ(C→I)] + λ η [L1(s_I) + L1(s_C)]
+    ℓ(A→B) = CE( softmax_B(z_Aᵀ z_B / τ),  softmax_B(s_Aᵀ s_B) )   (dense teacher, no gradient)
+    L1(s)  = mean over the batch of ‖s‖₁
+
+The paper writes log2; we use the natural log (a constant factor 1/ln 2 absorbed by λ, η, lr).
+
+In-batch candidates are the batch's *distinct* images: a batch of captions may hold two captions
+of the same image, and that image appears once as a C→I candidate and once as an I→C query
+(its row then spreads the teacher's mass over its captions). Duplicated columns would give the
+same teacher and student scores and so the same loss up to splitting mass between copies, but
+they also cost a wasted B×ω×|V| projection each.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def soft_ce(teacher_logits: torch.Tensor, student_logits: torch.Tensor) -> torch.Tensor:
+    """Mean over rows of -Σ_j softmax(teacher)_j log softmax(student)_j. Both [R, K]."""
+    p = F.softmax(teacher_logits, dim=1)
+    return -(p * F.log_softmax(student_logits, dim=1)).sum(1).mean()
+
+
+def sparse_scores(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a [B, |V|] @ b [U, |V|]ᵀ over only the columns where both have a non-zero (exact, since
+    the weights are >= 0 and other columns add 0); falls back to the dense product when most are."""
+    with torch.no_grad():
+        cols = torch.nonzero((a > 0).any(0) & (b > 0).any(0)).squeeze(1)
+    if cols.numel() > 0.5 * a.shape[1]:
+        return a @ b.T
+    return a.index_select(1, cols) @ b.index_select(1, cols).T
+
+
+def d2s_loss(s_cap: torch.Tensor, s_img: torch.Tensor, z_cap: torch.Tensor, z_img: torch.Tensor,
+             tau: float = 1e-3, lam: float = 0.5, eta: float = 1e-3) -> tuple[torch.Tensor, dict]:
+    """Eq. 7 on one batch.
+
+    s_cap [B, |V|] (already expansion-masked), s_img [U, |V|] (the U distinct images),
+    z_cap [B, d], z_img [U, d] dense vectors; tau: teacher temperature; lam: λ; eta: η (after
+    warm-up). Returns (loss scalar, {"ci", "ic", "l1_img", "l1_cap"} floats).
+    """
+    with torch.no_grad():
+        t = (z_cap @ z_img.T) / tau                      # [B, U] teacher logits
+    s = sparse_scores(s_cap, s_img)                      # [B, U] student logits
+    ci = soft_ce(t, s)
+    ic = soft_ce(t.T, s.T)
+    l1_img = s_img.sum(1).mean()
+    l1_cap = s_cap.sum(1).mean()
+    loss = (1.0 - lam) * (ci + ic) + lam * eta * (l1_img + l1_cap)
+    return loss, {k: float(x.detach()) for k, x in (("ci", ci), ("ic", ic), ("l1_img", l1_img), ("l1_cap", l1_cap))}
+
+
+def eta_at(step: int, eta: float, warmup_steps: int) -> float:
+    """L1 weight at optimizer step `step` (0-based): quadratic ramp η·min(1, (step/N)²) over the
+    first N = warmup_steps steps (as SPLADE does for its FLOPS regulariser); N = 0: constant η."""
+    if warmup_steps <= 0:
+        return float(eta)
+    return float(eta) * min(1.0, (step / warmup_steps) ** 2)

@@ -1,0 +1,83 @@
+"""Comparing runs: faithfulness to a dense run (Pearson, top-k overlap; D2S Table 5, Fig. 2b),
+paired t-tests with Bonferroni correction (Tables 1, 3), and power-law fits of term frequencies."""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+import numpy as np
+
+
+def _paired(a: Mapping[str, float], b: Mapping[str, float]) -> tuple[np.ndarray, np.ndarray]:
+    qs = [q for q in a if q in b]
+    return np.array([a[q] for q in qs], dtype=np.float64), np.array([b[q] for q in qs], dtype=np.float64)
+
+
+def pearson_per_query(a: Mapping[str, float], b: Mapping[str, float]) -> float:
+    """Pearson r (scipy.stats.pearsonr) of per-query values {qid: value} over the shared qids.
+    NaN when fewer than 2 shared queries or either side is constant (r is undefined)."""
+    from scipy.stats import pearsonr
+
+    x, y = _paired(a, b)
+    if len(x) < 2 or np.all(x == x[0]) or np.all(y == y[0]):
+        return math.nan
+    return float(pearsonr(x, y)[0])
+
+
+def paired_ttest(a: Mapping[str, float], b: Mapping[str, float]) -> tuple[float, float]:
+    """Paired two-tailed t-test (scipy.stats.ttest_rel) of per-query values over the shared qids:
+    (t statistic, p-value). Identical samples give (0.0, 1.0); fewer than 2 pairs give (nan, nan)."""
+    from scipy.stats import ttest_rel
+
+    x, y = _paired(a, b)
+    if len(x) < 2:
+        return math.nan, math.nan
+    if np.all(x == y):
+        return 0.0, 1.0
+    t, p = ttest_rel(x, y)
+    return float(t), float(p)
+
+
+def bonferroni(p: float, n_tests: int) -> float:
+    """Bonferroni-corrected p-value: min(1, p * n_tests); NaN stays NaN."""
+    return p if math.isnan(p) else min(1.0, p * max(1, n_tests))
+
+
+def top_k(docs: Mapping[str, float], k: int) -> list[str]:
+    """Doc ids of the k best scores, ties broken by doc id (the order write_run uses)."""
+    return [d for d, _ in sorted(docs.items(), key=lambda x: (-x[1], x[0]))[:k]]
+
+
+def overlap_at_k(run_a: Mapping[str, Mapping[str, float]], run_b: Mapping[str, Mapping[str, float]],
+                 k: int = 10, qids: Sequence[str] | None = None) -> dict[str, float]:
+    """{qid: |top_k(a) ∩ top_k(b)| / k} for `qids` (default: queries in both runs); a query
+    missing from either run scores 0."""
+    qs = list(qids) if qids is not None else [q for q in run_a if q in run_b]
+    out = {}
+    for q in qs:
+        a, b = set(top_k(run_a.get(q, {}), k)), set(top_k(run_b.get(q, {}), k))
+        out[q] = len(a & b) / k
+    return out
+
+
+def overlap_histogram(overlaps: Mapping[str, float], k: int = 10) -> list[int]:
+    """Fig. 2b as counts: [k + 1] ints, entry j = number of queries with j of their top-k shared
+    (from overlap_at_k's fractions)."""
+    counts = [0] * (k + 1)
+    for v in overlaps.values():
+        counts[min(k, max(0, round(v * k)))] += 1
+    return counts
+
+
+def power_law_exponent(freqs: np.ndarray) -> tuple[float, float]:
+    """Fit freq ≈ C * rank^(-a) by least squares in log-log space over the non-zero `freqs`
+    (sorted decreasingly, rank 1 = most frequent), sampled at ~100 log-spaced ranks.
+    Returns (a, C); (nan, nan) with < 2 points."""
+    f = np.sort(np.asarray(freqs, dtype=np.float64)[np.asarray(freqs) > 0])[::-1]
+    if len(f) < 2:
+        return math.nan, math.nan
+    # fit on ~100 log-spaced ranks so the long tail (most ranks) does not dominate the fit
+    r = np.unique(np.geomspace(1, len(f), 100).round().astype(np.int64))
+    slope, intercept = np.polyfit(np.log(r), np.log(f[r - 1]), 1)
+    return float(-slope) + 0.0, float(math.exp(intercept))

@@ -1,0 +1,93 @@
+"""Probabilistic expansion control (PEC), D2S paper Algorithm 1 and eq. 6.
+
+Modes (`--expansion`; the paper's exp= values in brackets):
+  none          [exp=0]   a caption keeps only its own terms, never expands
+  full          [exp=1]   no masking
+  caption       [exp=c]   caption-level control only: non-caption terms kept iff E_C = 1
+  caption-word  [exp=c+w] caption- and word-level control: non-caption term v kept iff
+                          E_C = 1 and E_v = 1
+
+Schedules after epoch e (0-based, E epochs; eq. 6 applied e times):
+  p_c = min(1, e / E)                    starts at 0, +1/E per epoch
+  p_v = min(1, 1 - df_v + df_v * e / E)  starts at 1 - df_v, +df_v/E per epoch
+
+Draws per batch: E_C ~ Ber(p_c) once per caption ([B, 1]: "caption-level"); E_v ~ Ber(p_v)
+once per vocabulary term ([1, |V|], shared by the batch, as Algorithm 1 indexes it by term only).
+
+Caption terms: Algorithm 1 as printed multiplies a caption's own terms by E_v too
+(`mask_caption_terms=True`, only meaningful for caption-word); the prose only speaks of
+controlling expansion (`mask_caption_terms=False`). See `DEFAULT_MASK_CAPTION_TERMS`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+MODES = ("none", "full", "caption", "caption-word")
+PAPER_NAMES = {"none": "exp=0", "full": "exp=1", "caption": "exp=c", "caption-word": "exp=c+w"}
+# Printed Algorithm 1: frequent caption terms (a, the, in, ...) are also dropped at random early
+# on, which keeps them from dominating queries and their long posting lists (lower FLOPs).
+DEFAULT_MASK_CAPTION_TERMS = True
+
+
+class ExpansionControl:
+    """Per-epoch expansion probabilities and per-batch Bernoulli masks.
+
+    mode: one of MODES; df: [|V|] normalised document frequency of each term over the training
+    captions (fraction of captions containing it, in [0, 1]); epochs: total epochs E.
+    """
+
+    def __init__(self, mode: str, df: np.ndarray, epochs: int, mask_caption_terms: bool = DEFAULT_MASK_CAPTION_TERMS):
+        if mode not in MODES:
+            raise ValueError(f"expansion mode {mode!r} not in {MODES}")
+        self.mode = mode
+        self.df = torch.as_tensor(np.asarray(df), dtype=torch.float32).clamp(0, 1)
+        self.epochs = max(int(epochs), 1)
+        self.mask_caption_terms = bool(mask_caption_terms)
+        self.epoch = 0
+        self.p_c = 0.0
+        self.p_v = 1.0 - self.df
+        self.set_epoch(0)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Probabilities for (0-based) `epoch`: eq. 6 applied `epoch` times from the initial values."""
+        self.epoch = int(epoch)
+        frac = self.epoch / self.epochs
+        self.p_c = min(1.0, frac)
+        self.p_v = (1.0 - self.df + self.df * frac).clamp(0, 1)
+
+    def step_epoch(self) -> None:
+        """f_incr (eq. 6): call after each epoch."""
+        self.set_epoch(self.epoch + 1)
+
+    def mask(self, caption_terms: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor | None:
+        """Bernoulli keep-mask for a batch of caption vectors.
+
+        caption_terms: [B, |V|] float32 0/1, 1 where term v occurs in caption b.
+        Returns [B, |V|] float32 0/1 to multiply s_C by, or None (mode full: keep everything).
+        """
+        if self.mode == "full":
+            return None
+        t = caption_terms
+        if self.mode == "none":
+            return t.clone()
+        b = t.shape[0]
+        e_c = (torch.rand(b, 1, generator=generator) < self.p_c).to(t.dtype)        # [B, 1]
+        if self.mode == "caption":
+            # keep = T + (1 - T) * E_C
+            return t + (1.0 - t) * e_c
+        e_v = (torch.rand(1, t.shape[1], generator=generator) < self.p_v).to(t.dtype)  # [1, |V|]
+        expand = e_c * e_v                                                            # [B, |V|]
+        own = e_v if self.mask_caption_terms else torch.ones_like(e_v)
+        # keep = T * own + (1 - T) * E_C * E_v, without a Python loop over |V|
+        return expand + t * (own - expand)
+
+    def state_dict(self) -> dict:
+        return {"mode": self.mode, "epoch": self.epoch, "p_c": self.p_c, "p_v": self.p_v.clone(),
+                "mask_caption_terms": self.mask_caption_terms}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.set_epoch(int(state["epoch"]))
+        self.p_c = float(state["p_c"])
+        self.p_v = torch.as_tensor(state["p_v"], dtype=torch.float32)

@@ -1,0 +1,111 @@
+"""D2S head (eq. 4-5), its sparse-aware backward, persistence, and the eq. 7 loss."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from mmsparse.heads import load_head
+from mmsparse.heads.d2s import D2SHead
+from mmsparse.losses import d2s_loss, eta_at
+from mmsparse.vocab import Vocab, document_frequency, indicator, pad_ids, to_columns
+
+
+def _head(d=8, v=50, omega=6, seed=0, bias=0.0):
+    g = torch.Generator().manual_seed(seed)
+    voc = Vocab([f"t{i}" for i in range(v)], torch.randn(v, omega, generator=g), None, "random")
+    torch.manual_seed(seed)
+    return D2SHead.from_vocab(d, voc, {"dataset": "unit"}, init_bias=bias)
+
+
+def _reference(head, z):
+    return torch.log1p(torch.relu(head.w2(head.norm(head.w1(z)))))
+
+
+def test_shapes_nonnegative_and_w2_init():
+    head = _head()
+    z = torch.randn(5, 8)
+    s = head(z)
+    assert s.shape == (5, 50) and s.dtype == torch.float32
+    assert (s >= 0).all() and (s > 0).any() and (s == 0).any()
+    assert head.config["omega"] == 6 and head.config["vocab_size"] == 50 and head.config["dim"] == 8
+    assert torch.equal(head.token_ids, torch.arange(50))
+    torch.testing.assert_close(s, _reference(head, z))
+
+
+@pytest.mark.parametrize("bias", [0.0, -2.5])   # dense path / live-columns-only path
+def test_sparse_backward_matches_autograd(bias):
+    head = _head(v=200, bias=bias)
+    z = torch.randn(7, 8)
+    mask = (torch.rand(7, 200) < 0.3).float()
+    w = torch.rand(7, 200)
+    out = {}
+    for name, fn in (("fast", head), ("ref", lambda x: _reference(head, x))):
+        head.zero_grad()
+        ((fn(z) * mask * w).sum() + fn(z).pow(2).mean()).backward()
+        out[name] = {k: p.grad.clone() for k, p in head.named_parameters()}
+    for k in out["ref"]:
+        torch.testing.assert_close(out["fast"][k], out["ref"][k], rtol=1e-4, atol=1e-6)
+
+
+def test_save_load_round_trip(tmp_path):
+    head = _head()
+    with torch.no_grad():
+        head.w2.bias.uniform_(-1, 1)
+    head.save_pretrained(tmp_path / "h")
+    for name in ("config.json", "model.safetensors", "vocab.txt"):
+        assert (tmp_path / "h" / name).is_file()
+    back = load_head(tmp_path / "h")
+    assert isinstance(back, D2SHead) and back.vocab == head.vocab
+    assert back.config["training"] == {"dataset": "unit"}
+    z = torch.randn(4, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(back(z), head(z))
+
+
+def test_loss_hand_checked():
+    # two captions of two images; sparse vectors on 2 terms
+    s_cap = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+    s_img = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    z_cap = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    z_img = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    loss, parts = d2s_loss(s_cap, s_img, z_cap, z_img, tau=1.0, lam=0.5, eta=0.1)
+    # teacher rows softmax([1, 0]) and softmax([0, 1]); student S = [[1, 0], [0, 2]]
+    pt = [math.exp(1) / (math.exp(1) + 1), 1 / (math.exp(1) + 1)]
+    ls = lambda a, b: [a - math.log(math.exp(a) + math.exp(b)), b - math.log(math.exp(a) + math.exp(b))]
+    r0, r1 = ls(1, 0), ls(0, 2)
+    ci = -(pt[0] * r0[0] + pt[1] * r0[1] + pt[1] * r1[0] + pt[0] * r1[1]) / 2
+    # I->C uses the transposed scores: image rows [1, 0] and [0, 2] again (S is diagonal)
+    ic = ci
+    l1 = (1 + 1) / 2 + (1 + 2) / 2
+    assert parts["ci"] == pytest.approx(ci, rel=1e-6) and parts["ic"] == pytest.approx(ic, rel=1e-6)
+    assert parts["l1_img"] == pytest.approx(1.0) and parts["l1_cap"] == pytest.approx(1.5)
+    assert float(loss) == pytest.approx(0.5 * (ci + ic) + 0.5 * 0.1 * l1, rel=1e-6)
+
+
+def test_loss_teacher_has_no_gradient():
+    z_cap = torch.randn(3, 4, requires_grad=True)
+    s = torch.rand(3, 5, requires_grad=True)
+    loss, _ = d2s_loss(s, torch.rand(3, 5), z_cap, torch.randn(3, 4))
+    loss.backward()
+    assert z_cap.grad is None and s.grad is not None
+
+
+def test_eta_warmup_quadratic():
+    assert eta_at(0, 1e-3, 100) == 0.0
+    assert eta_at(50, 1e-3, 100) == pytest.approx(0.25e-3)
+    assert eta_at(100, 1e-3, 100) == pytest.approx(1e-3)
+    assert eta_at(500, 1e-3, 100) == pytest.approx(1e-3)
+    assert eta_at(0, 1e-3, 0) == pytest.approx(1e-3)
+
+
+def test_vocab_helpers():
+    ids = [np.array([1, 3]), np.array([3]), np.array([], dtype=np.int64)]
+    assert document_frequency(ids, 5).tolist() == [0, 1 / 3, 0, 2 / 3, 0]
+    cols = to_columns(ids, np.array([3, 4, 1]))           # head keeps tokenizer ids 3, 4, 1
+    assert [c.tolist() for c in cols] == [[0, 2], [0], []]
+    ind = indicator(pad_ids(cols, 3), 3)
+    assert ind.tolist() == [[1, 0, 1], [1, 0, 0], [0, 0, 0]]
