@@ -27,7 +27,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-# Path parameters that name outputs, not inputs (everything else that exists is an input).
+# Path parameters that name outputs, not inputs (so do names ending in _out); every other
+# existing Path argument is recorded as an input.
 OUTPUT_PARAMS = {"out", "per_query", "plot", "html_out", "png"}
 
 
@@ -43,7 +44,7 @@ def _recorded(func):
 
         inputs = []
         for name, v in kwargs.items():
-            if name in OUTPUT_PARAMS:
+            if name in OUTPUT_PARAMS or name.endswith("_out"):
                 continue
             for x in (v if isinstance(v, (list, tuple)) else [v]):
                 if isinstance(x, Path):

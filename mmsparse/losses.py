@@ -36,12 +36,14 @@ def sparse_scores(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def d2s_loss(s_cap: torch.Tensor, s_img: torch.Tensor, z_cap: torch.Tensor, z_img: torch.Tensor,
-             tau: float = 1e-3, lam: float = 0.5, eta: float = 1e-3) -> tuple[torch.Tensor, dict]:
+             tau: float = 1e-3, lam: float = 0.5, eta: float = 1e-3,
+             s_cap_l1: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """Eq. 7 on one batch.
 
-    s_cap [B, |V|] (already expansion-masked), s_img [U, |V|] (the U distinct images),
+    s_cap [B, |V|] (already expansion-masked: s̄_C), s_img [U, |V|] (the U distinct images),
     z_cap [B, d], z_img [U, d] dense vectors; tau: teacher temperature; lam: λ; eta: η (after
-    warm-up). Returns (loss scalar, {"ci", "ic", "l1_img", "l1_cap"} floats).
+    warm-up); s_cap_l1: the caption vectors the L1 term sees (default s_cap; the trainer passes
+    the unmasked s_C, see training.py). Returns (loss, {"ci", "ic", "l1_img", "l1_cap"} floats).
     """
     with torch.no_grad():
         t = (z_cap @ z_img.T) / tau                      # [B, U] teacher logits
@@ -49,7 +51,7 @@ def d2s_loss(s_cap: torch.Tensor, s_img: torch.Tensor, z_cap: torch.Tensor, z_im
     ci = soft_ce(t, s)
     ic = soft_ce(t.T, s.T)
     l1_img = s_img.sum(1).mean()
-    l1_cap = s_cap.sum(1).mean()
+    l1_cap = (s_cap if s_cap_l1 is None else s_cap_l1).sum(1).mean()
     loss = (1.0 - lam) * (ci + ic) + lam * eta * (l1_img + l1_cap)
     return loss, {k: float(x.detach()) for k, x in (("ci", ci), ("ic", ic), ("l1_img", l1_img), ("l1_cap", l1_cap))}
 

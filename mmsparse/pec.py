@@ -53,9 +53,14 @@ class ExpansionControl:
     def set_epoch(self, epoch: int) -> None:
         """Probabilities for (0-based) `epoch`: eq. 6 applied `epoch` times from the initial values."""
         self.epoch = int(epoch)
-        frac = self.epoch / self.epochs
-        self.p_c = min(1.0, frac)
-        self.p_v = (1.0 - self.df + self.df * frac).clamp(0, 1)
+        self.set_progress(self.epoch / self.epochs)
+
+    def set_progress(self, frac: float) -> None:
+        """Probabilities at a fraction `frac` of training (epoch e of E: e/E). With few epochs the
+        trainer may call this every step (`schedule="step"`): the same linear ramp as eq. 6 without
+        its jumps of 1/E at epoch boundaries."""
+        self.p_c = min(1.0, max(0.0, float(frac)))
+        self.p_v = (1.0 - self.df + self.df * self.p_c).clamp(0, 1)
 
     def step_epoch(self) -> None:
         """f_incr (eq. 6): call after each epoch."""

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -43,33 +42,38 @@ def command_line() -> str:
     by `begin(command=...)`."""
     if _state.get("command"):
         return _state["command"]
-    return " ".join(shlex.quote(a) for a in ["mmsparse", *sys.argv[1:]]) if sys.argv else ""
+    if not sys.argv:
+        return ""
+    return " ".join(shlex.quote(a) for a in [Path(sys.argv[0]).name or "python", *sys.argv[1:]])
 
 
 def click_command_line() -> str | None:
     """`mmsparse SUBCOMMAND ARGS...` rebuilt from the running click context (arguments, and the
-    options that differ from their defaults), or None outside one."""
+    options that differ from their defaults), or None outside one. Never raises."""
     try:
-        import click
-        ctx = click.get_current_context(silent=True)
-    except ImportError:
+        try:  # typer >= 0.16 vendors its own click
+            from typer._click.globals import get_current_context
+        except ImportError:
+            from click import get_current_context
+        ctx = get_current_context(silent=True)
+        if ctx is None:
+            return None
+        parts = ["mmsparse", ctx.info_name or ""]
+        for p in ctx.command.params:
+            v = ctx.params.get(p.name)
+            if v is None or v == p.default or (v in ((), []) and not p.default):
+                continue
+            vals = list(v) if isinstance(v, (list, tuple)) else [v]
+            if "argument" in type(p).__name__.lower():
+                parts += [str(x) for x in vals]
+            elif getattr(p, "is_flag", False):
+                parts.append(p.opts[0] if v else (p.secondary_opts or [p.opts[0]])[0])
+            else:
+                for x in vals:
+                    parts += [p.opts[0], str(x)]
+        return " ".join(shlex.quote(a) for a in parts)
+    except Exception:  # noqa: BLE001 — provenance must never break a command
         return None
-    if ctx is None:
-        return None
-    parts = ["mmsparse", ctx.info_name or ""]
-    for p in ctx.command.params:
-        v = ctx.params.get(p.name)
-        if v is None or v == p.default or (v in ((), []) and not p.default):
-            continue
-        vals = list(v) if isinstance(v, (list, tuple)) else [v]
-        if isinstance(p, click.Argument):
-            parts += [str(x) for x in vals]
-        elif getattr(p, "is_flag", False):
-            parts.append(p.opts[0] if v else (p.secondary_opts or [p.opts[0]])[0])
-        else:
-            for x in vals:
-                parts += [p.opts[0], str(x)]
-    return " ".join(shlex.quote(a) for a in parts)
 
 
 # -- hashing ----------------------------------------------------------------------------------
@@ -119,10 +123,9 @@ def detect_kind(path: str | Path) -> str:
     if p.is_dir():
         if (p / "mmsparse.json").is_file():
             return "index"
-        if (p / "config.json").is_file() and (p / "vocab.txt").is_file():
-            return "head"
-        if (p / "config.json").is_file():
-            return "model"
+        if (p / "config.json").is_file():  # a head's config names its method; a model's does not
+            cfg = _json(p / "config.json")
+            return "head" if "method" in cfg and (p / "vocab.txt").is_file() else "model"
         return "images" if any(p.glob("*.jp*g")) or any(p.glob("*.png")) else "dir"
     side = sidecar_path(p)
     if side.is_file():
@@ -185,7 +188,10 @@ def add_inputs(inputs) -> None:
         path, kind = (x if isinstance(x, tuple) else (x, None))
         if path is None or not Path(path).exists():
             continue
-        rec = input_record(path, kind)
+        try:
+            rec = input_record(path, kind)
+        except OSError:  # unreadable: the command's own checks will name it; record the path only
+            rec = {"path": str(Path(path).resolve()), "kind": kind or "unreadable"}
         if rec["path"] not in known:
             known.add(rec["path"])
             _state["inputs"].append(rec)
@@ -227,9 +233,10 @@ def read_provenance(path: str | Path) -> dict:
     rec: dict = {}
     if kind in ("dense", "sparse"):
         import h5py
+
+        from .formats._h5 import attrs_dict
         with h5py.File(p, "r") as f:
-            rec = {k: (v.decode() if isinstance(v, bytes) else v.item() if hasattr(v, "item") else v)
-                   for k, v in f.attrs.items()}
+            rec = attrs_dict(f)
     elif kind == "head":
         cfg = _json(p / "config.json")
         rec = {**cfg.get("provenance", {}), "training": cfg.get("training", {})}

@@ -52,6 +52,8 @@ class TrainConfig:
     warmup_steps: int = 0             # L1 (η) quadratic warm-up, optimizer steps
     init_bias: float = 0.0
     max_val_flops: float | None = None
+    pec_schedule: str = "epoch"       # epoch: eq. 6 steps after each epoch | step: same ramp per step
+    l1_caption: str = "raw"           # raw: L1 on the unmasked s_C (eq. 7) | masked: on s̄_C
 
 
 @dataclass
@@ -283,11 +285,15 @@ def train_d2s(head, train: PairData, val: PairData | None, cfg: TrainConfig,
             zc, zi = train.z_cap[idx], train.z_img[uimg]
             s = head(torch.cat([zc, zi]))               # one projection for both modalities
             s_cap, s_img = s[: len(idx)], s[len(idx):]
+            if cfg.pec_schedule == "step":
+                pec.set_progress((epoch + b / spe) / cfg.epochs)
             m = pec.mask(indicator(train.tok[idx], v), gen)
+            raw = s_cap
             if m is not None:
                 s_cap = s_cap * m
             eta = eta_at(step, cfg.eta, cfg.warmup_steps)
-            loss, parts = d2s_loss(s_cap, s_img, zc, zi, cfg.tau, cfg.lam, eta)
+            loss, parts = d2s_loss(s_cap, s_img, zc, zi, cfg.tau, cfg.lam, eta,
+                                   s_cap_l1=raw if cfg.l1_caption == "raw" else None)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

@@ -77,3 +77,4 @@ def test_folder_and_captions(tmp_path):
     j.write_text('{"id": "q1"}\n')
     with pytest.raises(InputError, match="text: field missing"):
         read_captions_file(j)
+

@@ -83,11 +83,6 @@ def test_cli_real_flickr8k(cli, flickr8k_dir, dual_encoder_dir, tmp_path):
     qrels = read_qrels(out / "test.qrels")
     assert len(qrels) == 100 and all(list(v)[0] in im.ids for v in qrels.values())
     assert cap.image_ids == [list(qrels[c])[0] for c in cap.ids]
-    # the stored vectors are what the backbone gives for the same images / texts
-    bb = load_backbone("hf-dual", dual_encoder_dir, "cpu")
-    imgs = [Image.open(flickr8k_dir / "images" / f"{i}.jpg") for i in im.ids[:4]]
-    np.testing.assert_allclose(im.vectors[:4], bb.encode_images(imgs), atol=1e-5)
-    np.testing.assert_allclose(cap.vectors[:4], bb.encode_texts(cap.texts[:4]), atol=1e-5)
     # a trained model ranks the right image above chance (20 candidates: chance mean rank 10.5)
     rank = (cap.vectors @ im.vectors.T > (cap.vectors * im.vectors[[im.ids.index(i) for i in cap.image_ids]])
             .sum(1, keepdims=True)).sum(1) + 1
@@ -110,6 +105,10 @@ def test_broken_images_skip_or_strict(cli, tiny_clip, image_dir, tmp_path):
     assert "skipped 1 unreadable image" in r.stderr
     c = read_dense(tmp_path / "o" / "all-images.h5")
     assert len(c.ids) == 9 and "im03" not in c.ids
+    # the stored vectors are what the backbone gives for the same images (worker path == direct path)
+    bb = load_backbone("clip", tiny_clip, "cpu")
+    imgs = [Image.open(image_dir / f"{i}.png") for i in c.ids[:4]]
+    np.testing.assert_allclose(c.vectors[:4], bb.encode_images(imgs), atol=1e-5)
     with h5py.File(tmp_path / "o" / "all-images.h5") as f:
         assert f["patch_states"].shape == (9, 5, 16) and f["patch_states"].dtype == np.float16
         assert f["pre_projection"].shape == (9, 16) and f["image_proj_weight"].shape == (8, 16)
@@ -145,3 +144,22 @@ def test_interrupted_encode_resumes_to_same_file(tiny_clip, image_dir, tmp_path)
     np.testing.assert_array_equal(a.vectors, b.vectors)
     with h5py.File(tmp_path / "full.h5") as fa, h5py.File(tmp_path / "r.h5") as fb:
         np.testing.assert_array_equal(fa["pre_projection"][()], fb["pre_projection"][()])
+
+
+def test_captions_file_with_token_states(cli, tiny_clip, tmp_path):
+    q = tmp_path / "q.jsonl"
+    q.write_text('{"id": "q1", "text": "a dog runs"}\n{"id": "q2", "text": "the cat on the grass"}\n'
+                 '{"id": "q3", "text": "a cat"}\n')
+    r = cli("encode-dense", q, "-o", tmp_path / "o", "--backbone", "clip", "--model", tiny_clip,
+            "--token-states", "--pre-projection", "--batch-size", "2", "--dtype", "float16")
+    assert r.returncode == 0, r.stderr
+    assert not (tmp_path / "o" / "all-images.h5").exists() and not (tmp_path / "o" / "all.qrels").exists()
+    c = read_dense(tmp_path / "o" / "all-captions.h5")
+    assert c.ids == ["q1", "q2", "q3"] and c.texts[1] == "the cat on the grass"
+    with h5py.File(tmp_path / "o" / "all-captions.h5") as f:
+        assert f["vectors"].dtype == np.float16
+        L = int(f.attrs["max_length"])
+        assert f["token_states"].shape == (3, L, 16) and f["token_mask"].shape == (3, L)
+        assert f["token_mask"][()].sum(1).tolist() == [5, 7, 4]  # [CLS] words [SEP]
+        assert f["token_ids"][0, :5].tolist() == [2, 5, 6, 8, 3] and f["text_proj_weight"].shape == (8, 16)
+        assert "image_proj_weight" not in f

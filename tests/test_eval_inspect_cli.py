@@ -4,7 +4,6 @@ console entry point (mmsparse.cli.main, in-process), exit codes and outputs."""
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 

@@ -6,7 +6,7 @@ import h5py
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from mmsparse.atomic import atomic_path
@@ -122,3 +122,72 @@ def test_atomic_directory_replaces_whole(tmp_path):
     assert [p.name for p in target.iterdir()] == ["a"]
     with h5py.File(tmp_path / "x.h5", "w"):
         pass
+
+
+# -- issue 10: more round trips (empty and single-row collections, unicode, float16, sidecars) --
+
+uni = st.characters(blacklist_categories=("Cs", "Cc", "Zs", "Zl", "Zp"))
+tok_st = st.text(alphabet=uni, min_size=1, max_size=6)           # TREC-safe: no whitespace
+uids_st = st.lists(tok_st, min_size=0, max_size=6, unique=True)
+
+
+@slow_ok
+@example(ids=[], dim=1, half=False, seed=0)
+@example(ids=["ü"], dim=3, half=True, seed=1)
+@given(ids=uids_st, dim=st.integers(1, 5), half=st.booleans(), seed=st.integers(0, 9))
+def test_dense_round_trip_unicode_captions(tmp_path, ids, dim, half, seed):
+    from mmsparse.formats import read_dense_attrs
+
+    rng = np.random.default_rng(seed)
+    vec = (rng.standard_normal((len(ids), dim)) * 100).astype(np.float16 if half else np.float32)
+    texts = [f"{i} — ein Hund läuft 🐕" for i in ids]
+    image_ids = [f"图{i}" for i in ids]
+    attrs = dict(ATTRS, modality="text")
+    p = tmp_path / f"u{len(ids)}{dim}{half}{seed}.h5"
+    write_dense(p, ids, vec, attrs, texts=texts, dtype="float16" if half else "float32", image_ids=image_ids)
+    d = read_dense(p)
+    assert d.ids == ids and d.texts == texts and d.image_ids == image_ids and d.vectors.shape == (len(ids), dim)
+    np.testing.assert_array_equal(d.vectors, vec.astype(np.float32))  # float16 values survive exactly
+    assert read_dense_attrs(p)["dim"] == dim
+    assert [i for c, _ in iter_dense(p, chunk_rows=2) for i in c] == ids
+
+
+@slow_ok
+@example(ids=[], nv=1, density=0.0)
+@example(ids=["x"], nv=1, density=1.0)
+@example(ids=["é", "ß"], nv=3, density=0.0)
+@given(ids=uids_st, nv=st.integers(1, 12), density=st.floats(0, 1))
+def test_sparse_round_trip_unicode_vocab_and_texts(tmp_path, ids, nv, density):
+    m = sp.random(len(ids), nv, density=density, format="csr", dtype=np.float32, random_state=1)
+    vocab = [f"##ü{j}" if j % 2 else f"térm{j}" for j in range(nv)]
+    texts = [f"caption «{i}»" for i in ids]
+    p = tmp_path / f"su{len(ids)}-{nv}-{density:.3f}.h5"
+    write_sparse(p, ids, m, vocab, dict(modality="text", head="h", query_mode="caption-terms"), texts=texts)
+    s = read_sparse(p)
+    assert s.ids == ids and s.vocab == vocab and s.texts == texts and s.matrix.shape == (len(ids), nv)
+    assert (s.matrix != m).nnz == 0 and s.nnz_per_row.sum() == m.nnz
+
+
+@slow_ok
+@example(run={})
+@example(run={"q": {"d": 0.5}})
+@given(run=st.dictionaries(tok_st, st.dictionaries(tok_st, st.floats(-1e6, 1e6, allow_nan=False, width=32),
+                                                    max_size=4), max_size=4))
+def test_run_and_qrels_round_trip_unicode(tmp_path, run):
+    from mmsparse.provenance import read_provenance
+
+    p = tmp_path / "u.trec"
+    write_run(p, run, tag="t", meta={"k": 4})
+    back = read_run(p)
+    assert back.keys() == {q for q, d in run.items() if d}
+    for q, docs in back.items():
+        assert docs.keys() == run[q].keys()
+        np.testing.assert_allclose([docs[d] for d in docs], [run[q][d] for d in docs], rtol=1e-5, atol=1e-6)
+        ranks = [ln.split()[3] for ln in p.read_text(encoding="utf-8").splitlines() if ln.split()[0] == q]
+        assert ranks == [str(r) for r in range(1, len(docs) + 1)]
+    prov = read_provenance(p)
+    assert prov["kind"] == "run" and prov["attrs"]["k"] == 4
+    qrels = {q: {d: i % 3 for i, d in enumerate(docs)} for q, docs in run.items() if docs}
+    write_qrels(tmp_path / "u.qrels", qrels, meta={"split": "test"})
+    assert read_qrels(tmp_path / "u.qrels") == qrels
+    assert read_provenance(tmp_path / "u.qrels")["attrs"]["split"] == "test"

@@ -91,7 +91,7 @@ def test_pisa_index_round_trips_exactly(sparse_setup):
     assert meta["postings"] == want.nnz
 
 
-@pytest.mark.parametrize("algorithm", ["block_max_wand", "maxscore", "ranked_or"])
+@pytest.mark.parametrize("algorithm", ["block_max_wand", "maxscore", "ranked_or", "ranked_or_taat"])
 def test_pisa_topk_equals_brute_force(sparse_setup, algorithm):
     d, _, D, _, Q, meta = sparse_setup
     k = 10
@@ -187,3 +187,76 @@ def test_rescore_is_exact():
     top = rows[np.lexsort((rows, -exact[0, rows]))][:5]
     assert [r for r, _ in out[0]] == top.tolist()
     assert out[1] == [] and out[2][0][1] == pytest.approx(exact[2, 7])
+
+
+def test_pisa_collection_writer_matches_toks_indexer(tmp_path):
+    """write_pisa_collection (numpy) writes byte for byte what pyterrier-pisa's toks_indexer writes."""
+    from pyterrier_pisa import PisaIndex
+
+    from mmsparse.indexes.pisa import term_token, write_pisa_collection
+
+    m = random_csr(np.random.default_rng(5), 120, 15, empty_rows=(3,))
+    qm = quantize_rows(m, 255 / m.data.max())
+    write_pisa_collection(tmp_path / "ours", qm)
+    toks = np.array([term_token(j) for j in range(V)], dtype=object)
+    PisaIndex(str(tmp_path / "ref"), stemmer="none", stops="none").toks_indexer(scale=1.0).index(
+        {"docno": str(i), "toks": dict(zip(toks[qm.indices[qm.indptr[i]:qm.indptr[i + 1]]],
+                                           qm.data[qm.indptr[i]:qm.indptr[i + 1]].tolist()))}
+        for i in range(qm.shape[0]))
+    names = sorted(p.name for p in (tmp_path / "ref").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "ours").iterdir())
+    for name in names:
+        assert (tmp_path / "ours" / name).read_bytes() == (tmp_path / "ref" / name).read_bytes(), name
+
+
+def _exact_top(scores: np.ndarray, k: int) -> list[int]:
+    rows = np.arange(len(scores))
+    keep = scores > 0
+    rows, s = rows[keep], scores[keep]
+    return rows[np.lexsort((rows, -s))][:k].tolist()
+
+
+def test_search_one_paths_match_batch_and_exhaustive(sparse_setup, tmp_path):
+    """Single-query paths (used by the benchmark): PISA == its batch search; two-stage with every
+    document as a candidate == exhaustive float top-k; Seismic at default settings keeps recall."""
+    pytest.importorskip("seismic")
+    from mmsparse.indexes.rescore import rescore_one
+    from mmsparse.indexes.seismic import build_seismic_index
+
+    d, _, D, _, Q, _ = sparse_setup
+    k = 10
+    exact = (Q @ D.T).toarray()
+    build_seismic_index(d / "docs.h5", tmp_path / "seis")
+    seis = open_index(tmp_path / "seis")  # default query_cut / heap_factor
+    overlap = []
+    for algorithm in ("block_max_wand", "ranked_or_taat"):
+        pisa = open_index(d / "idx", query_algorithm=algorithm)
+        batch = pisa.search(Q, k)
+        for i in range(Q.shape[0]):
+            idx, w = Q.indices[Q.indptr[i]:Q.indptr[i + 1]], Q.data[Q.indptr[i]:Q.indptr[i + 1]]
+            rows, scores = pisa.search_one(idx, w, k)
+            assert [(int(r), pytest.approx(s)) for r, s in zip(rows, scores)] == batch[i]
+            full, full_scores = rescore_one(idx, w, D, np.arange(D.shape[0]), k)
+            if len(idx) == 0:
+                assert len(rows) == 0 and len(seis.search_one(idx, w, k)[0]) == 0
+                continue
+            top = _exact_top(exact[i], k)
+            assert full[:len(top)].tolist() == top
+            np.testing.assert_allclose(full_scores[:len(top)], exact[i, top], rtol=1e-5)
+            overlap.append(len(set(seis.search_one(idx, w, k)[0].tolist()) & set(top)) / len(top))
+    assert np.mean(overlap) >= 0.8
+
+
+def test_hnsw_returns_k_results_when_k_exceeds_ef_search(tmp_path):
+    """Faiss HNSW returns only ~efSearch results; the searcher widens the beam to k."""
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(400, 16)).astype(np.float32)
+    write_dense(tmp_path / "d.h5", [f"d{i}" for i in range(400)], X,
+                {"modality": "image", "backbone": "b", "model": "m", "dataset": "s", "split": "test",
+                 "normalized": False})
+    build_faiss_index(tmp_path / "d.h5", tmp_path / "hnsw", hnsw=True, hnsw_m=8, ef_search=8)
+    s = open_index(tmp_path / "hnsw")
+    rows, _ = s.search_one(X[0], 300)
+    assert len(rows) == 300 and len(s.search(X[:2], 300)[1]) == 300
+    exact = np.argsort(-(X @ X[0]))[:300]
+    assert len(set(rows.tolist()) & set(exact.tolist())) / 300 >= 0.9

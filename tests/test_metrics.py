@@ -177,6 +177,8 @@ def test_tokenize_captions_with_the_real_tokenizer(dual_encoder_dir):
 
     assert tokenize_captions(["A dog in the snowboot."], dual_encoder_dir) == [
         ["a", "dog", "in", "the", "snow", "##boot", "."]]
+    # a batch of different lengths: no [PAD] (the model's tokenizer.json pads batches)
+    assert tokenize_captions(["A dog .", "A dog in the snowboot ."], dual_encoder_dir)[0] == ["a", "dog", "."]
 
 
 # --- term views ------------------------------------------------------------------------------------
@@ -217,3 +219,24 @@ def test_table_bonferroni_over_the_compared_rows():
 
 def test_overlap_histogram_counts():
     assert M.overlap_histogram({"q1": 0.3, "q2": 0.3, "q3": 1.0, "q4": 0.0}, 10) == [1, 0, 0, 2] + [0] * 6 + [1]
+
+
+def test_evaluation_depth_truncation_changes_nothing():
+    # scores from 3 levels: many ties around every cutoff; AP (no cutoff) turns the truncation off
+    rng = np.random.default_rng(1)
+    docs = [f"d{i}" for i in range(60)]
+    run = {f"q{j}": {d: float(rng.integers(0, 3)) for d in docs} for j in range(30)}
+    qrels = {f"q{j}": {docs[j]: 1, docs[j + 20]: 1} for j in range(30)}
+    cut = M.evaluate_run(run, qrels, ["R@1", "R@5", "RR@10", "P@5"])
+    full = M.evaluate_run(run, qrels, ["R@1", "R@5", "RR@10", "P@5", "AP"])
+    for n in cut.per_query:
+        assert cut.per_query[n] == full.per_query[n]
+
+
+def test_power_law_fit_r2():
+    r = np.arange(1, 501)
+    a, c, r2 = M.power_law_fit(1000.0 * r ** -1.5)
+    assert a == pytest.approx(1.5) and r2 == pytest.approx(1.0)
+    rng = np.random.default_rng(0)
+    noisy = 1000.0 * r ** -1.5 * np.exp(rng.normal(0, 0.5, r.size))
+    assert 0.5 < M.power_law_fit(noisy)[2] < 1.0

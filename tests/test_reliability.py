@@ -20,7 +20,6 @@ from typer.testing import CliRunner
 
 from mmsparse.cli import app
 from mmsparse.formats import read_sparse, write_dense, write_qrels, write_sparse
-from mmsparse.formats.trec import write_run
 
 WORDS = "dog cat man woman runs jumps on grass beach snow red blue ball water a the".split()
 D = 32
@@ -212,6 +211,14 @@ def test_sparse_missing_dataset(cli, w, tmp_path, cmd):
     assert no_output(tmp_path / "out")
 
 
+@pytest.mark.parametrize("cmd", ["index", "search", "inspect"])
+def test_sparse_missing_attribute(cli, w, tmp_path, cmd):
+    x = _edit(_copy(w / ("scap.h5" if cmd == "search" else "simg.h5"), tmp_path / "nohead.h5"),
+              lambda f: f.attrs.__delitem__("query_mode"))
+    bad(cli(*_cmds(w, tmp_path)[cmd](x)), "nohead.h5", "lacks attribute(s) query_mode")
+    assert no_output(tmp_path / "out")
+
+
 def test_head_without_weights(cli, w, tmp_path):
     h = _copy(w / "head", tmp_path / "h")
     (h / "model.safetensors").unlink()
@@ -280,6 +287,12 @@ def test_images_as_queries_for_image_documents(cli, w, tmp_path):
     assert no_output(tmp_path / "out")
     r = cli("search", w / "pisa", w / "simg.h5", "-o", tmp_path / "out", "--force", "--k", "3")
     assert r.code == 0 and (tmp_path / "out").is_file(), r.err
+
+
+def test_caption_query_mode_on_an_image_file(cli, w, tmp_path):
+    r = cli("sparsify", w / "head", w / "img.h5", "-o", tmp_path / "out", "--query-mode", "caption-terms")
+    bad(r, "img.h5", "applies to captions", "image file")
+    assert no_output(tmp_path / "out")
 
 
 def test_captions_given_as_training_images(cli, w, tmp_path):
@@ -462,7 +475,7 @@ def test_failed_rewrite_keeps_previous_output(cli, w, tmp_path):
 
 # -- provenance -------------------------------------------------------------------------------
 
-def test_outputs_record_inputs_with_hashes(w):
+def test_outputs_record_inputs_with_hashes(w, tmp_path):
     from mmsparse.provenance import content_hash, read_provenance
 
     s = read_provenance(w / "scap.h5")
@@ -476,6 +489,11 @@ def test_outputs_record_inputs_with_hashes(w):
     assert run["kind"] == "run" and {Path(r["path"]).name for r in run["inputs"]} == {"pisa", "scap.h5"}
     head = json.loads((w / "head" / "config.json").read_text())
     assert "provenance" in head and head["provenance"]["mmsparse_version"]
+    out = tmp_path / "e.json"
+    assert CliRunner().invoke(app, ["eval", str(w / "run.trec"), str(w / "test.qrels"), "-o", str(out)]).exit_code == 0
+    ev = read_provenance(out)
+    assert ev["kind"] == "eval" and {Path(r["path"]).name for r in ev["inputs"]} == {"run.trec", "test.qrels"}
+    assert ev["command"].startswith("mmsparse eval")
 
 
 def test_inspect_provenance_walks_back_to_captions(cli, w, tmp_path):

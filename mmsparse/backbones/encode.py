@@ -4,7 +4,8 @@ An output that already holds the same settings and inputs (attribute `fingerprin
 unless force=True. Rows are encoded in shards of `shard_rows` records; each finished shard is written atomically to
 OUT.partial/shard-NNNNN.h5 beside the target OUT, so an interrupted run that is started again
 with the same settings skips the finished shards. When all shards exist they are streamed into
-OUT through formats.DenseWriter (memory O(shard)) and the partial directory is removed. Encoding
+OUT through formats.DenseWriter in row blocks and the partial directory is removed; memory is
+O(batch) throughout. Encoding
 is deterministic, so a resumed run yields the same rows as an uninterrupted one.
 
 Extra datasets in the dense file (only when asked for):
@@ -42,6 +43,7 @@ from ..data.records import CaptionRecord, ImageRecord
 from .base import Backbone
 
 FINGERPRINT = "fingerprint.json"
+MERGE_ROWS = 256
 
 
 @dataclass
@@ -150,15 +152,58 @@ def _finished(out: Path, fp_text: str):
         return None
 
 
-def _write_shard(path: Path, rows: dict[str, list], skipped: list[tuple[str, str]]) -> None:
-    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
-        for k, v in rows.items():
-            if k in ("ids", "texts", "image_ids"):
-                f.create_dataset(k, data=np.array(v, dtype=object), dtype=STR)
-            else:
-                f.create_dataset(k, data=np.concatenate(v) if v else np.zeros((0,)))
-        f.create_dataset("skipped", data=np.array([f"{i}\t{e}" for i, e in skipped], dtype=object),
-                         dtype=STR)
+class _ShardWriter:
+    """One shard file, written row block by row block (memory O(batch)) into a temporary file
+    that appears as `path` only on commit(). Datasets: ids (texts, image_ids), vectors, extras,
+    skipped ("id<TAB>error" per unreadable image)."""
+
+    def __init__(self, path: Path, n_rows: int | None = None):
+        self._ctx = atomic_path(path)
+        self.f = h5py.File(self._ctx.__enter__(), "w")
+        self.n_rows = n_rows  # fixed size (rows written by position) or None (appended)
+
+    def strings(self, name: str, values: list[str]) -> None:
+        if name not in self.f:
+            self.f.create_dataset(name, (0,), maxshape=(None,), dtype=STR, chunks=(1024,))
+        ds = self.f[name]
+        n0 = ds.shape[0]
+        ds.resize((n0 + len(values),))
+        ds[n0:] = values
+
+    def rows(self, name: str, arr: np.ndarray, at: np.ndarray | None = None) -> None:
+        """Append `arr` rows, or write them at row positions `at` (fixed-size shards)."""
+        if name not in self.f:
+            tail = arr.shape[1:]
+            per_row = max(1, int(np.prod(tail, dtype=np.int64)) * arr.dtype.itemsize)
+            chunk = max(1, min(1024, (1 << 20) // per_row))
+            n = self.n_rows if at is not None else 0
+            self.f.create_dataset(name, (n, *tail), maxshape=(None, *tail), dtype=arr.dtype,
+                                  chunks=(chunk, *tail))
+        ds = self.f[name]
+        if at is None:
+            n0 = ds.shape[0]
+            ds.resize(n0 + arr.shape[0], axis=0)
+            ds[n0:] = arr
+        else:
+            o = np.argsort(at)  # h5py wants increasing indices
+            ds[at[o]] = arr[o]
+
+    def commit(self, skipped: list[tuple[str, str]]) -> None:
+        if "ids" not in self.f:
+            self.strings("ids", [])
+        if "vectors" not in self.f:
+            self.f.create_dataset("vectors", data=np.zeros((0,), np.float32))
+        self.f.create_dataset("skipped", data=np.array([f"{i}\t{e}" for i, e in skipped], dtype=object),
+                              dtype=STR)
+        self.f.close()
+        self._ctx.__exit__(None, None, None)
+
+    def abort(self, exc: BaseException) -> None:
+        self.f.close()
+        try:
+            self._ctx.__exit__(type(exc), exc, exc.__traceback__)
+        except BaseException:
+            pass
 
 
 def _pad_tokens(res: dict, length: int, pad_id: int, states_dtype) -> dict:
@@ -181,17 +226,17 @@ def _merge(out: Path, partial: Path, n_shards: int, dim: int, attrs: dict, text:
     with DenseWriter(out, dim, attrs, with_texts=text, dtype=dtype) as w:
         for s in range(n_shards):
             with h5py.File(partial / f"shard-{s:05d}.h5", "r") as f:
-                ids = read_strings(f["ids"])
                 skipped += [tuple(x.split("\t", 1)) for x in read_strings(f["skipped"])]
-                if not ids:
-                    continue
-                texts = read_strings(f["texts"]) if text else None
-                image_ids = read_strings(f["image_ids"]) if text else None
-                w.append(ids, f["vectors"][()], texts, image_ids)
-                for k in f:
-                    if k not in ("ids", "texts", "image_ids", "vectors", "skipped"):
-                        w.append_extra(k, f[k][()])
-                rows += len(ids)
+                n = f["ids"].shape[0]
+                extra = [k for k in f if k not in ("ids", "texts", "image_ids", "vectors", "skipped")]
+                for a in range(0, n, MERGE_ROWS):  # row blocks: memory O(block), not O(shard)
+                    sl = slice(a, min(n, a + MERGE_ROWS))
+                    texts = read_strings(f["texts"][sl]) if text else None
+                    image_ids = read_strings(f["image_ids"][sl]) if text else None
+                    w.append(read_strings(f["ids"][sl]), f["vectors"][sl], texts, image_ids)
+                    for k in extra:
+                        w.append_extra(k, f[k][sl])
+                rows += n
         for k, v in projections.items():
             w.set_extra(k, v)
         if skipped:  # ids of unreadable images, "id<TAB>error", so reruns know what was left out
@@ -222,10 +267,15 @@ def _run_shards(kind, backbone, records, out, attrs, shard_rows, dtype, extras, 
         path = partial / f"shard-{s:05d}.h5"
         if not path.exists():
             t0 = time.perf_counter()
-            rows, skipped = encode_shard(shard, lambda k: progress.advance(task, k) if progress else None)
+            sw = _ShardWriter(path, len(shard) if kind == "captions" else None)
+            try:
+                skipped = encode_shard(shard, sw, lambda k: progress.advance(task, k) if progress else None)
+                encoded += sw.f["ids"].shape[0] if "ids" in sw.f else 0
+                sw.commit(skipped)
+            except BaseException as e:
+                sw.abort(e)
+                raise
             seconds += time.perf_counter() - t0
-            encoded += len(rows["ids"])
-            _write_shard(path, rows, skipped)
         elif progress:
             progress.advance(task, len(shard))
     side = "image_" if kind == "images" else "text_"
@@ -256,8 +306,7 @@ def encode_images_file(backbone: Backbone, records: Sequence[ImageRecord], out: 
     sd = np.dtype(states_dtype)
     ex = tuple(e for e in extras if e in ("pre_projection", "patch_states"))
 
-    def encode_shard(shard, advance):
-        rows = {"ids": [], "vectors": [], **{e: [] for e in ex}}
+    def encode_shard(shard, sw, advance):
         skipped = []
         for ids, pv, bad in _image_batches(backbone, shard, batch_size, workers):
             if bad and strict:
@@ -267,13 +316,13 @@ def encode_images_file(backbone: Backbone, records: Sequence[ImageRecord], out: 
             skipped += bad
             if ids:
                 res = backbone.encode_pixels(pv, ex, layer)
-                rows["ids"] += ids
-                rows["vectors"].append(res["vectors"].astype(np.float32))
+                sw.strings("ids", ids)
+                sw.rows("vectors", res["vectors"].astype(np.float32))
                 for e in ex:
-                    rows[e].append(res[e].astype(sd if e == "patch_states" else np.float32))
+                    sw.rows(e, res[e].astype(sd if e == "patch_states" else np.float32))
             advance(len(ids) + len(bad))
             kill_point()  # tests: MMSPARSE_TEST_KILL_AFTER interrupts here
-        return rows, skipped
+        return skipped
 
     with torch.inference_mode():
         return _run_shards("images", backbone, list(records), out, attrs, shard_rows, dtype, ex,
@@ -294,26 +343,24 @@ def encode_captions_file(backbone: Backbone, records: Sequence[CaptionRecord], o
                                                      if "token_states" in ex else [])
     pad = backbone.tokenizer.pad_token_id or 0
 
-    def encode_shard(shard, advance):
-        # batches of similar length waste less compute on padding; rows go back to file order
-        order = sorted(range(len(shard)), key=lambda i: len(shard[i].text))
-        parts: dict[str, list] = {k: [] for k in ["vectors", *keys]}
+    def encode_shard(shard, sw, advance):
+        sw.strings("ids", [c.id for c in shard])
+        sw.strings("texts", [c.text for c in shard])
+        sw.strings("image_ids", [c.image_id for c in shard])
+        # batches of similar length waste less compute on padding; rows are written back at
+        # their file positions
+        order = np.array(sorted(range(len(shard)), key=lambda i: len(shard[i].text)), dtype=np.int64)
         for s in range(0, len(order), batch_size):
-            b = [shard[i] for i in order[s:s + batch_size]]
-            res = backbone.encode_tokens(backbone.tokenize([c.text for c in b]), ex)
+            at = order[s:s + batch_size]
+            res = backbone.encode_tokens(backbone.tokenize([shard[i].text for i in at]), ex)
             if "token_states" in ex:
                 res = _pad_tokens(res, backbone.max_length, pad, sd)
-            parts["vectors"].append(res["vectors"].astype(np.float32))
+            sw.rows("vectors", res["vectors"].astype(np.float32), at)
             for k in keys:
-                parts[k].append(res[k])
-            advance(len(b))
+                sw.rows(k, res[k], at)
+            advance(len(at))
             kill_point()  # tests: MMSPARSE_TEST_KILL_AFTER interrupts here
-        inv = np.argsort(np.array(order, dtype=np.int64))
-        rows = {"ids": [c.id for c in shard], "texts": [c.text for c in shard],
-                "image_ids": [c.image_id for c in shard]}
-        for k, v in parts.items():
-            rows[k] = [np.concatenate(v)[inv]] if v else []
-        return rows, []
+        return []
 
     with torch.inference_mode():
         return _run_shards("captions", backbone, list(records), out, attrs, shard_rows, dtype, ex,

@@ -15,11 +15,13 @@ R@k = null and `overlap` only.
 
 Configurations (engine, mode):
   faiss-flat  exact            dense exhaustive inner product (IndexFlatIP)
-  faiss-hnsw  ef=E             dense HNSW (M, efConstruction fixed) at query beam E (>= k used)
+  faiss-hnsw  ef=E             dense HNSW (M, efConstruction fixed) at query beam max(E, k)
   exhaustive  exp              sparse exact <q, d> by scipy (postings of every query term)
   pisa        exp / no-exp     PISA block-max WAND over expanded / caption-term queries
-  pisa        exp maxscore     ... the MaxScore algorithm            (k=10 only)
-  pisa        exp top=N        expanded queries pruned to their N largest weights (k=10 only)
+  pisa        exp taat         ... term-at-a-time exhaustive scoring (PISA ranked_or_taat)
+  pisa        exp maxscore     ... the MaxScore algorithm
+  pisa        exp top=N        expanded queries pruned to their N largest weights, MaxScore
+                               (smallest k only)
   two-stage   c=C              PISA over caption terms for C candidates, exact re-scoring with
                                the expanded query (indexes.rescore)
   seismic     qc=Q hf=H        Seismic, query_cut Q, heap_factor H
@@ -59,19 +61,27 @@ from ..errors import InputError, require_file
 
 # ---------------------------------------------------------------- inputs
 
-def load_inputs(work: Path, head: str, backbone: str, split: str) -> dict:
-    """The real sparse/dense documents and queries (aligned to the expanded queries' ids)."""
+def load_inputs(sd: Path, dd: Path, head: str, backbone: str, split: str, sparse: bool = True) -> dict:
+    """The real sparse (dir sd) / dense (dir dd) documents and queries, aligned to the expanded
+    queries' ids (to the dense queries' ids when `sparse` is False: dense engines only)."""
     from ..formats.dense import read_dense
     from ..formats.sparse import read_sparse
     from ..formats.trec import read_qrels
 
-    sd, dd = work / "sparse" / head, work / "dense" / backbone
-    docs = read_sparse(require_file(sd / f"{split}-images.h5", "sparse documents"))
-    qe = read_sparse(require_file(sd / f"{split}-captions.expand.h5", "expanded sparse queries"))
-    qc = read_sparse(require_file(sd / f"{split}-captions.caption-terms.h5", "caption-term sparse queries"))
     ddocs = read_dense(require_file(dd / f"{split}-images.h5", "dense documents"))
     dq = read_dense(require_file(dd / f"{split}-captions.h5", "dense queries"))
     qrels = read_qrels(require_file(dd / f"{split}.qrels", "qrels"))
+    fit = [ddocs.vectors]
+    if split != "train" and (dd / "train-images.h5").is_file():
+        fit.append(read_dense(dd / "train-images.h5").vectors)
+    out = {"fit": np.concatenate(fit), "ddocs": ddocs, "qrels": qrels, "head": head, "backbone": backbone,
+           "docs": None, "qe": None, "qc": None, "qids": dq.ids,
+           "dq": np.ascontiguousarray(dq.vectors, dtype=np.float32)}
+    if not sparse:
+        return out
+    docs = read_sparse(require_file(sd / f"{split}-images.h5", "sparse documents"))
+    qe = read_sparse(require_file(sd / f"{split}-captions.expand.h5", "expanded sparse queries"))
+    qc = read_sparse(require_file(sd / f"{split}-captions.caption-terms.h5", "caption-term sparse queries"))
     if qe.vocab != docs.vocab or qc.vocab != docs.vocab:
         raise InputError(f"{sd}: query and document files have different vocabularies")
     pos_c = {q: i for i, q in enumerate(qc.ids)}
@@ -80,21 +90,20 @@ def load_inputs(work: Path, head: str, backbone: str, split: str) -> dict:
     if missing:
         raise InputError(f"query id {missing[0]!r} of the expanded queries is missing from the "
                          "caption-term or dense query file; all three must hold the same captions")
-    return {"docs": docs, "qe": qe.matrix, "qc": qc.matrix[[pos_c[q] for q in qe.ids]],
-            "dq": np.ascontiguousarray(dq.vectors[[pos_d[q] for q in qe.ids]], dtype=np.float32),
-            "qids": qe.ids, "ddocs": ddocs, "qrels": qrels, "head": head, "backbone": backbone}
+    out.update({"docs": docs, "qe": qe.matrix, "qc": qc.matrix[[pos_c[q] for q in qe.ids]], "qids": qe.ids,
+                "dq": np.ascontiguousarray(dq.vectors[[pos_d[q] for q in qe.ids]], dtype=np.float32)})
+    return out
 
 
-def write_synthetic(real: dict, n: int, out: Path, seed: int, reuse: bool) -> tuple[Path, Path, dict]:
-    """Sparse + dense synthetic collections of n documents in `out` (kept for reuse)."""
-    from ..formats.dense import DenseWriter
+def write_synthetic(real: dict, n: int, out: Path, seed: int, reuse: bool) -> tuple[Path, dict]:
+    """The sparse synthetic collection of n documents in out/docs.h5 (kept for reuse) + its stats."""
     from ..formats.sparse import write_sparse
-    from .synthetic import collection_stats, random_unit, synthesize
+    from .synthetic import collection_stats, synthesize
 
     out.mkdir(parents=True, exist_ok=True)
-    sfile, dfile, stats_file = out / "docs.h5", out / "dense.h5", out / "stats.json"
-    if reuse and sfile.is_file() and dfile.is_file() and stats_file.is_file():
-        return sfile, dfile, json.loads(stats_file.read_text())
+    sfile, stats_file = out / "docs.h5", out / "stats.json"
+    if reuse and sfile.is_file() and stats_file.is_file():
+        return sfile, json.loads(stats_file.read_text())
     t0 = time.time()
     m = synthesize(real["docs"].matrix, n, seed=seed)
     gen_s = time.time() - t0
@@ -104,17 +113,47 @@ def write_synthetic(real: dict, n: int, out: Path, seed: int, reuse: bool) -> tu
     write_sparse(sfile, ids, m, real["docs"].vocab,
                  {"modality": "image", "head": real["head"], "query_mode": "doc", "dataset": f"synthetic-{n}",
                   "split": "synthetic", "method": "mmsparse.bench.synthetic", "seed": seed})
-    del m
-    gc.collect()
+    stats_file.write_text(json.dumps(stats, indent=2))
+    return sfile, stats
+
+
+def write_synthetic_dense(real: dict, n: int, out: Path, kind: str, seed: int, reuse: bool) -> Path:
+    """n synthetic dense documents in out/dense-KIND.h5 (kept for reuse).
+
+    kind random: uniform random unit vectors of the backbone's dimension (issue 5's setting).
+    kind gaussian: x ~ N(mu, Sigma) fitted to the real image vectors (test + train images when
+    present), then L2-normalised: keeps the real embeddings' anisotropy (a few dominant
+    directions), which is what makes HNSW work on real data and fail on random vectors.
+    """
+    from ..formats.dense import DenseWriter
+    from .synthetic import random_unit
+
+    out.mkdir(parents=True, exist_ok=True)
+    dfile = out / f"dense-{kind}.h5"
+    if reuse and dfile.is_file():
+        return dfile
     dim = real["ddocs"].dim
-    with DenseWriter(dfile, dim, {"modality": "image", "backbone": real["backbone"], "model": "random-unit",
+    if kind == "random":
+        chunks = random_unit(n, dim, seed=seed + 1)
+    else:
+        x = real["fit"].astype(np.float64)
+        mu, cov = x.mean(axis=0), np.cov(x, rowvar=False)
+        w, v = np.linalg.eigh(cov)
+        root = (v * np.sqrt(np.clip(w, 0, None))).astype(np.float32)  # cov = root @ root.T
+        rng = np.random.default_rng(seed + 2)
+
+        def gen(chunk=65536):
+            for s in range(0, n, chunk):
+                z = rng.standard_normal((min(chunk, n - s), dim), dtype=np.float32) @ root.T + mu.astype(np.float32)
+                yield z / np.linalg.norm(z, axis=1, keepdims=True)
+        chunks = gen()
+    with DenseWriter(dfile, dim, {"modality": "image", "backbone": real["backbone"], "model": f"synthetic-{kind}",
                                   "dataset": f"synthetic-{n}", "split": "synthetic", "normalized": True}) as w:
         s = 0
-        for x in random_unit(n, dim, seed=seed + 1):
-            w.append(ids[s:s + len(x)], x)
+        for x in chunks:
+            w.append([f"syn{i:07d}" for i in range(s, s + len(x))], x)
             s += len(x)
-    stats_file.write_text(json.dumps(stats, indent=2))
-    return sfile, dfile, stats
+    return dfile
 
 
 # ---------------------------------------------------------------- exact top-k
@@ -158,16 +197,21 @@ def measure(fn, order: np.ndarray, k: int, warmup: int, budget_s: float, min_que
     """
     for i in order[-warmup:] if warmup else []:
         fn(int(i), k)
-    gc.collect()
     lat, res = [], {}
-    start = time.perf_counter()
-    for n, i in enumerate(order):
-        t0 = time.perf_counter()
-        rows = fn(int(i), k)
-        lat.append(time.perf_counter() - t0)
-        res[int(i)] = np.asarray(rows)
-        if budget_s and n + 1 >= min_queries and time.perf_counter() - start > budget_s:
-            break
+    enabled = gc.isenabled()
+    gc.disable()  # no collector pauses inside timed calls (memory is freed by refcounting anyway)
+    try:
+        start = time.perf_counter()
+        for n, i in enumerate(order):
+            t0 = time.perf_counter()
+            rows = fn(int(i), k)
+            lat.append(time.perf_counter() - t0)
+            res[int(i)] = np.asarray(rows)
+            if budget_s and n + 1 >= min_queries and time.perf_counter() - start > budget_s:
+                break
+    finally:
+        if enabled:
+            gc.enable()
     return np.asarray(lat), res
 
 
@@ -225,61 +269,14 @@ def postings_per_query(df: np.ndarray, q: sp.csr_matrix, order: np.ndarray) -> f
 
 # ---------------------------------------------------------------- one scale
 
-def run_scale(label: str, real: dict, args, log) -> tuple[list[dict], dict]:
-    """All configurations at one scale. Returns (rows, collection statistics)."""
-    import faiss
-
+def sparse_rows(sfile, synthetic, order, ks, real, args, idx, add, build, log) -> dict:
+    """Exhaustive, PISA, two-stage and Seismic rows (through `add`); returns build settings."""
     from ..formats.sparse import read_sparse
-    from ..indexes.faiss_index import FaissSearcher, build_faiss_index
     from ..indexes.pisa import PisaSearcher, build_pisa_index
     from ..indexes.rescore import prune_rows, rescore_one
     from ..indexes.seismic import SeismicSearcher, build_seismic_index
-    from .synthetic import collection_stats
 
-    base = args.work / "bench" / label
-    base.mkdir(parents=True, exist_ok=True)
-    synthetic = label != "flickr8k"
-    nq_all = real["qe"].shape[0]
-    rng = np.random.default_rng(args.seed)
-    if synthetic:
-        n = int(label)
-        sfile, dfile, stats = write_synthetic(real, n, base / "data", args.seed, args.reuse)
-        order = rng.permutation(nq_all)[:args.synthetic_queries]
-        qrels = None
-    else:
-        sd = args.work / "sparse" / real["head"]
-        sfile = sd / f"{args.split}-images.h5"
-        dfile = args.work / "dense" / real["backbone"] / f"{args.split}-images.h5"
-        stats = {}
-        order = rng.permutation(nq_all)[:args.queries] if args.queries else rng.permutation(nq_all)
-        qrels = real["qrels"]
-    stats["real"] = collection_stats(real["docs"].matrix, real["qe"])
-    stats["real_no_exp"] = collection_stats(real["docs"].matrix, real["qc"])
-    ks = sorted(args.ks)
-    kmax = ks[-1]
-    rows: list[dict] = []
-    qids = real["qids"]
-
-    def add(engine, mode, k, lat, res, exact, doc_ids, build_s, nbytes, ndocs, ppq=None):
-        row = {"scale": label, "engine": engine, "mode": mode, "docs": ndocs, "k": k, **timing_row(lat),
-               **quality(res, k, exact, qids, doc_ids, qrels), "build_s": build_s, "index_bytes": nbytes,
-               "bytes_per_doc": round(nbytes / ndocs, 1) if nbytes else None, "postings_per_query": ppq}
-        rows.append(row)
-        log(f"  {label:>8} {engine:<11} {mode:<16} k={k:<5} n={row['queries']:<5} {row['mean_ms']:9.3f} ms "
-            f"p99 {row['p99_ms']:9.3f}  overlap {row['overlap']}  R@10 {row['R@10']}")
-
-    def build(kind, path, fn):
-        meta_file = path / "mmsparse.json"
-        if args.reuse and meta_file.is_file():
-            return json.loads(meta_file.read_text())
-        log(f"  building {kind} -> {path}")
-        gc.collect()
-        return fn()
-
-    idx = base / "index"
-    bt = args.build_threads
-
-    # ---- sparse: exact first (it also gives the exhaustive baseline rows)
+    kmax, bt, label = ks[-1], args.build_threads, idx.parent.name
     docs = read_sparse(sfile)
     D, doc_ids = docs.matrix, (docs.ids if not synthetic else None)
     ndocs = D.shape[0]
@@ -308,12 +305,13 @@ def run_scale(label: str, real: dict, args, log) -> tuple[list[dict], dict]:
     pbytes, pbuild = index_bytes(pisa_dir, "pisa"), pmeta["build_seconds"]
     for mode, q, ppq, algo, kk in (("exp", qe, ppq_exp, "block_max_wand", ks),
                                    ("no-exp", qc, ppq_noexp, "block_max_wand", ks),
-                                   ("exp maxscore", qe, ppq_exp, "maxscore", [ks[0]])):
+                                   ("exp taat", qe, ppq_exp, "ranked_or_taat", ks),
+                                   ("exp maxscore", qe, ppq_exp, "maxscore", ks)):
         ps.query_algorithm = algo
         for k in kk:
             lat, res = measure(sparse_fn(ps, q), order, k, args.warmup, args.budget_s, args.min_queries)
             add("pisa", mode, k, lat, res, exact_s, doc_ids, pbuild, pbytes, ndocs, ppq)
-    ps.query_algorithm = "block_max_wand"
+    ps.query_algorithm = "maxscore"
     for top in args.query_top_n:
         qp = prune_rows(qe[order], top_n=top)
         qpf = sp.csr_matrix((qp.data, qp.indices, qp.indptr), shape=(len(order), qe.shape[1]))
@@ -326,6 +324,7 @@ def run_scale(label: str, real: dict, args, log) -> tuple[list[dict], dict]:
         lat, res = measure(f, order, ks[0], args.warmup, args.budget_s, args.min_queries)
         add("pisa", f"exp top={top}", ks[0], lat, res, exact_s, doc_ids, pbuild, pbytes, ndocs,
             postings_per_query(df, qpf, np.arange(len(order))))
+    ps.query_algorithm = "block_max_wand"  # short caption-term queries: the index default
     fbytes = index_bytes(pisa_dir, "pisa", with_forward=True)
     for c in args.candidates:
         def f(i, k, c=c):
@@ -351,44 +350,110 @@ def run_scale(label: str, real: dict, args, log) -> tuple[list[dict], dict]:
             add("seismic", f"qc={qcut} hf={hf}", k, lat, res, exact_s, doc_ids, sbuild, sbytes, ndocs, ppq_exp)
     del ss, D, exact_s
     gc.collect()
+    return {"pisa": pmeta["settings"], "seismic": smeta["settings"], "docs": ndocs}
 
-    # ---- dense
-    from ..formats.dense import read_dense_attrs
 
-    dense_ids = None
-    if not synthetic:
-        from ..formats.dense import read_dense
-        dense_ids = read_dense(dfile).ids
+
+def run_scale(label: str, real: dict, args, log) -> tuple[list[dict], dict]:
+    """All configurations at one scale. Returns (rows, collection statistics)."""
+    import faiss
+
+    from ..indexes.faiss_index import FaissSearcher, build_faiss_index
+    from .synthetic import collection_stats
+
+    base = args.work / "bench" / label
+    base.mkdir(parents=True, exist_ok=True)
+    synthetic = label != "flickr8k"
+    nq_all = len(real["qids"])
+    rng = np.random.default_rng(args.seed)
+    if synthetic:
+        n = int(label)
+        sfile, stats = (write_synthetic(real, n, base / "data", args.seed, args.reuse)
+                        if "sparse" in args.engines else (None, {}))
+        dfiles = {kind: write_synthetic_dense(real, n, base / "data", kind, args.seed, args.reuse)
+                  for kind in args.dense_synthetic} if "dense" in args.engines else {}
+        order = rng.permutation(nq_all)[:args.synthetic_queries]
+        qrels = None
+    else:
+        sfile = args.sparse_dir / f"{args.split}-images.h5"
+        dfiles = {"real": args.dense_dir / f"{args.split}-images.h5"} if "dense" in args.engines else {}
+        stats = {}
+        order = rng.permutation(nq_all)[:args.queries] if args.queries else rng.permutation(nq_all)
+        qrels = real["qrels"]
+    if "sparse" in args.engines:
+        stats["real"] = collection_stats(real["docs"].matrix, real["qe"])
+        stats["real_no_exp"] = collection_stats(real["docs"].matrix, real["qc"])
+    ks = sorted(args.ks)
+    kmax = ks[-1]
+    rows: list[dict] = []
+    qids = real["qids"]
+
+    def add(engine, mode, k, lat, res, exact, doc_ids, build_s, nbytes, ndocs, ppq=None):
+        row = {"scale": label, "engine": engine, "mode": mode, "docs": ndocs, "k": k, **timing_row(lat),
+               **quality(res, k, exact, qids, doc_ids, qrels), "build_s": build_s, "index_bytes": nbytes,
+               "bytes_per_doc": round(nbytes / ndocs, 1) if nbytes else None, "postings_per_query": ppq}
+        rows.append(row)
+        log(f"  {label:>8} {engine:<11} {mode:<16} k={k:<5} n={row['queries']:<5} {row['mean_ms']:9.3f} ms "
+            f"p99 {row['p99_ms']:9.3f}  overlap {row['overlap']}  R@10 {row['R@10']}")
+
+    def build(kind, path, fn):
+        meta_file = path / "mmsparse.json"
+        if args.reuse and meta_file.is_file():
+            return json.loads(meta_file.read_text())
+        log(f"  building {kind} -> {path}")
+        return fn()
+
+    idx = base / "index"
+    bt = args.build_threads
+
+    import h5py
+
+    with h5py.File(sfile or next(iter(dfiles.values())), "r") as f:
+        ndocs = int(f["ids"].shape[0])
+    if "sparse" in args.engines:
+        stats["build_settings"] = sparse_rows(sfile, synthetic, order, ks, real, args, idx, add, build, log)
+
+    # ---- dense: one Flat + HNSW pair per dense collection
+    from ..formats.dense import read_dense, read_dense_attrs
+
     dq = real["dq"]
-    flat_dir, hnsw_dir = idx / "flat", idx / "hnsw"
-    fmeta = build("faiss-flat", flat_dir, lambda: build_faiss_index(dfile, flat_dir, threads=bt))
-    fs = FaissSearcher(flat_dir, threads=bt)
-    _, exact_rows = fs.index.search(dq[order], min(kmax, fs.index.ntotal))  # exact, untimed, all threads
-    exact_d = {int(i): r[r >= 0].astype(np.int64) for i, r in zip(order, exact_rows)}
-    faiss.omp_set_num_threads(1)
-    for k in ks:
-        lat, res = measure(lambda i, k: fs.search_one(dq[i], k)[0], order, k, args.warmup, args.budget_s,
-                           args.min_queries)
-        add("faiss-flat", "exact", k, lat, res, exact_d, dense_ids, fmeta["build_seconds"],
-            index_bytes(flat_dir, "faiss"), ndocs)
-    del fs
-    gc.collect()
-    hmeta = build("faiss-hnsw", hnsw_dir, lambda: build_faiss_index(
-        dfile, hnsw_dir, hnsw=True, hnsw_m=args.hnsw_m, ef_construction=args.ef_construction, threads=bt))
-    hs = FaissSearcher(hnsw_dir, threads=1)
-    faiss.omp_set_num_threads(1)
-    for ef in args.ef_search:
-        hs.index.hnsw.efSearch = ef
+    for kind, dfile in dfiles.items():
+        tag = "" if kind in ("real", "random") else f" [{kind}]"
+        dense_ids = read_dense(dfile).ids if not synthetic else None
+        flat_dir, hnsw_dir = idx / f"flat-{kind}", idx / f"hnsw-{kind}"
+        fmeta = build("faiss-flat", flat_dir, lambda: build_faiss_index(dfile, flat_dir, threads=bt))
+        fs = FaissSearcher(flat_dir, threads=bt)
+        _, exact_rows = fs.index.search(dq[order], min(kmax, fs.index.ntotal))  # exact, untimed, all threads
+        exact_d = {int(i): r[r >= 0].astype(np.int64) for i, r in zip(order, exact_rows)}
+        faiss.omp_set_num_threads(1)
         for k in ks:
-            lat, res = measure(lambda i, k: hs.search_one(dq[i], k)[0], order, k, args.warmup, args.budget_s,
+            lat, res = measure(lambda i, k: fs.search_one(dq[i], k)[0], order, k, args.warmup, args.budget_s,
                                args.min_queries)
-            add("faiss-hnsw", f"ef={ef}", k, lat, res, exact_d, dense_ids, hmeta["build_seconds"],
-                index_bytes(hnsw_dir, "faiss"), ndocs)
-    del hs
-    gc.collect()
-    stats["dense_dim"] = int(read_dense_attrs(dfile)["dim"])
-    stats["build_settings"] = {"pisa": pmeta["settings"], "seismic": smeta["settings"],
-                               "faiss_hnsw": hmeta["settings"], "faiss_flat": fmeta["settings"]}
+            add("faiss-flat", "exact" + tag, k, lat, res, exact_d, dense_ids, fmeta["build_seconds"],
+                index_bytes(flat_dir, "faiss"), ndocs)
+        ndocs = fs.index.ntotal
+        del fs
+        gc.collect()
+        stats.setdefault("build_settings", {})["faiss_flat"] = fmeta["settings"]
+        stats["dense_dim"] = int(read_dense_attrs(dfile)["dim"])
+        if kind == "random" and args.hnsw_max_docs and ndocs > args.hnsw_max_docs:
+            log(f"  faiss-hnsw skipped: {ndocs} documents > --hnsw-max-docs {args.hnsw_max_docs}")
+            stats["hnsw_skipped"] = f"{ndocs} documents > --hnsw-max-docs {args.hnsw_max_docs}"
+            continue
+        hmeta = build("faiss-hnsw", hnsw_dir, lambda: build_faiss_index(
+            dfile, hnsw_dir, hnsw=True, hnsw_m=args.hnsw_m, ef_construction=args.ef_construction, threads=bt))
+        hs = FaissSearcher(hnsw_dir, threads=1)
+        faiss.omp_set_num_threads(1)
+        for ef in sorted(set(args.ef_search) | set(args.ef_sweep)):
+            hs.index.hnsw.efSearch = ef
+            for k in (ks if ef in args.ef_search else [ks[0]]):
+                lat, res = measure(lambda i, k: hs.search_one(dq[i], k)[0], order, k, args.warmup,
+                                   args.budget_s, args.min_queries)
+                add("faiss-hnsw", f"ef={ef}{tag}", k, lat, res, exact_d, dense_ids, hmeta["build_seconds"],
+                    index_bytes(hnsw_dir, "faiss"), ndocs)
+        del hs
+        gc.collect()
+        stats["build_settings"]["faiss_hnsw"] = hmeta["settings"]
     stats["timed_queries"] = int(len(order))
     return rows, stats
 
@@ -422,6 +487,36 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(out) + "\n"
 
 
+SPARSE_ENGINES = ("pisa", "two-stage", "seismic")
+
+
+def goals(rows: list[dict], goal_scale: str = "123000") -> dict:
+    """Issue 5's goals from the rows.
+
+    two_stage: per scale with qrels, R@10 of each two-stage row (k=10) minus exhaustive R@10
+    (goal: >= -1 point). latency: at `goal_scale`, the fastest sparse row (k=10) with overlap
+    >= 0.95 vs the fastest HNSW row (k=10) with overlap >= 0.95, ratio of mean latencies
+    (goal: <= 3); None where no row qualifies.
+    """
+    out: dict = {"two_stage": {}, "latency": None}
+    for scale in dict.fromkeys(r["scale"] for r in rows):
+        ex = [r for r in rows if r["scale"] == scale and r["engine"] == "exhaustive" and r["k"] == 10]
+        if ex and ex[0]["R@10"] is not None:
+            out["two_stage"][scale] = {r["mode"]: round(r["R@10"] - ex[0]["R@10"], 2) for r in rows
+                                       if r["scale"] == scale and r["engine"] == "two-stage" and r["k"] == 10}
+    at = [r for r in rows if r["scale"] == goal_scale and r["k"] == 10 and (r["overlap"] or 0) >= 0.95]
+    sparse = min((r for r in at if r["engine"] in SPARSE_ENGINES), key=lambda r: r["mean_ms"], default=None)
+    dense = min((r for r in at if r["engine"] == "faiss-hnsw"), key=lambda r: r["mean_ms"], default=None)
+    if sparse or dense:
+        out["latency"] = {"scale": goal_scale,
+                          "sparse": sparse and f"{sparse['engine']} {sparse['mode']}",
+                          "sparse_ms": sparse and sparse["mean_ms"], "sparse_overlap": sparse and sparse["overlap"],
+                          "hnsw": dense and dense["mode"], "hnsw_ms": dense and dense["mean_ms"],
+                          "hnsw_overlap": dense and dense["overlap"],
+                          "ratio": round(sparse["mean_ms"] / dense["mean_ms"], 2) if sparse and dense else None}
+    return out
+
+
 def _ints(s: str) -> list[int]:
     return [int(x) for x in s.split(",") if x]
 
@@ -438,6 +533,8 @@ def parse_args(argv=None):
     p.add_argument("--head", default="d2s", help="sparse head name under WORK/sparse/")
     p.add_argument("--backbone", default="hf-dual", help="dense backbone name under WORK/dense/")
     p.add_argument("--split", default="test", help="split searched")
+    p.add_argument("--sparse-dir", type=Path, default=None, help="sparse files (default: WORK/sparse/HEAD)")
+    p.add_argument("--dense-dir", type=Path, default=None, help="dense files + qrels (default: WORK/dense/BACKBONE)")
     p.add_argument("--scales", default="flickr8k,123000,1000000",
                    help="comma list: flickr8k (real) and/or synthetic document counts")
     p.add_argument("--ks", type=_ints, default=[10, 100, 1000], help="cut-offs k")
@@ -451,13 +548,25 @@ def parse_args(argv=None):
     p.add_argument("--build-threads", type=int, default=2, help="threads for index builds (queries use 1)")
     p.add_argument("--hnsw-m", type=int, default=32, help="Faiss HNSW M")
     p.add_argument("--ef-construction", type=int, default=40, help="Faiss HNSW efConstruction")
-    p.add_argument("--ef-search", type=_ints, default=[16, 32, 64, 128, 256], help="HNSW efSearch values")
+    p.add_argument("--ef-search", type=_ints, default=[32, 128, 512], help="HNSW efSearch values run at every k "
+                   "(max(efSearch, k) is used)")
+    p.add_argument("--ef-sweep", type=_ints, default=[16, 64, 256, 1024, 2048], help="more efSearch values, "
+                   "run at the smallest k only (the overlap/latency frontier)")
     p.add_argument("--candidates", type=_ints, default=[100, 1000], help="two-stage first-stage candidates")
     p.add_argument("--query-top-n", type=_ints, default=[10, 20, 40], help="PISA exp with queries pruned to top-N")
     p.add_argument("--seismic", type=_pairs, default=[(10, 0.7), (5, 0.9), (20, 0.9), (40, 1.0)],
                    help="Seismic query_cut:heap_factor pairs; the first at every k, the others at the smallest")
     p.add_argument("--seismic-postings", type=int, default=4000, help="Seismic n_postings at build")
+    p.add_argument("--engines", type=lambda x: x.split(","), default=["sparse", "dense"],
+                   help="comma list of sparse, dense")
+    p.add_argument("--dense-synthetic", type=lambda x: x.split(","), default=["random"],
+                   help="synthetic dense documents: random (unit vectors) and/or gaussian (fitted to the real "
+                   "image vectors); rows of kinds other than random carry the kind in their mode")
+    p.add_argument("--hnsw-max-docs", type=int, default=0, help="skip HNSW over random unit vectors above this "
+                   "many documents (0 = never): slow to build and far from exact there")
     p.add_argument("--seed", type=int, default=0, help="seed of the query sample and synthetic collections")
+    p.add_argument("--merge", action="store_true", help="keep rows of other scales already in OUT (run scales "
+                   "one at a time)")
     p.add_argument("--reuse", action="store_true", help="reuse synthetic collections and indexes in WORK/bench/")
     return p.parse_args(argv)
 
@@ -465,34 +574,46 @@ def parse_args(argv=None):
 def main(argv=None) -> None:
     args = parse_args(argv)
     args.out = args.out or args.work / "bench" / "search.json"
+    args.sparse_dir = args.sparse_dir or args.work / "sparse" / args.head
+    args.dense_dir = args.dense_dir or args.work / "dense" / args.backbone
     import faiss
 
     faiss.omp_set_num_threads(1)
-    try:
-        import torch  # noqa: F401  (only if something imported it; keep it to one thread)
+    import sys
 
-        torch.set_num_threads(1)
-    except ImportError:
-        pass
+    if "torch" in sys.modules:  # only if something imported it: keep it to one thread too
+        sys.modules["torch"].set_num_threads(1)
 
     def log(msg):
         print(msg, flush=True)
 
     info = {"machine": machine(), "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
-    real = load_inputs(args.work, args.head, args.backbone, args.split)
+    real = load_inputs(args.sparse_dir, args.dense_dir, args.head, args.backbone, args.split,
+                       sparse="sparse" in args.engines)
+    labels = args.scales.split(",")
+    meta_out = args.out.with_suffix(".meta.json")
     rows, scales = [], {}
-    for label in args.scales.split(","):
+    if args.merge and args.out.is_file():  # keep the other scales' rows from an earlier run
+        rows = [r for r in json.loads(args.out.read_text()) if r["scale"] not in labels]
+        if meta_out.is_file():
+            old = json.loads(meta_out.read_text())
+            scales = {k: v for k, v in old.get("scales", {}).items() if k not in labels}
+            info["earlier_runs"] = old.get("earlier_runs", []) + [
+                {k: old.get(k) for k in ("started", "finished", "machine") if k in old}]
+    for label in labels:
         r, st = run_scale(label, real, args, log)
         rows.extend(r)
+        st["run_started"] = info["started"]
         scales[label] = st
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(rows, indent=1))  # partial results survive a later failure
     info["scales"] = scales
+    info["goals"] = goals(rows)
     info["machine"]["load_avg_end"] = os.getloadavg()
     info["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    args.out.with_suffix(".meta.json").write_text(json.dumps(info, indent=1))
-    md = markdown(rows)
+    meta_out.write_text(json.dumps(info, indent=1))
+    md = markdown(rows) + "\n### goals\n\n```\n" + json.dumps(info["goals"], indent=1) + "\n```\n"
     args.out.with_suffix(".md").write_text(md)
     print(md)
 

@@ -134,7 +134,7 @@ def main(
     if dense_run is not None:
         drun = read_run(dense_run)
         dres = M.evaluate_run(drun, qr, ms, False, str(dense_run), q_path)
-        result["dense_run"] = str(dense_run)
+        result["dense_run"] = str(Path(dense_run).resolve())  # absolute: `--table` matches it to a row's run
         result["n_comparisons"] = n_comparisons or 1
         for n in res.per_query:
             result[f"pearson_{n}"] = M.pearson_per_query(res.per_query[n], dres.per_query[n])
@@ -340,9 +340,14 @@ def _print_table(rows, result: dict, names: list[str]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    marks = any(any(sig.values()) for _, _, sig in rows) or len(rows) > 1
-    t = Table(title=f"{result['queries']} queries, values x100"
-              + (" († p < alpha: RUN vs the dense run, --compare runs vs RUN; paired t-test, Bonferroni)" if marks else ""))
+    notes = []
+    if "dense_run" in result:
+        notes.append(f"† on the first row: vs the dense run, Bonferroni x{result['n_comparisons']}")
+    if "compare" in result:
+        notes.append(f"† on a compared run: vs the first row, Bonferroni x{len(result['compare'])}")
+    t = Table(caption=f"{result['queries']} queries, values x100"
+              + (f"; paired two-tailed t-test, p < alpha; {'; '.join(notes)}" if notes else ""),
+              caption_justify="left")
     t.add_column("run")
     for n in names:
         t.add_column(n, justify="right")

@@ -31,6 +31,11 @@ def main(
                                                     "posting list as a fraction of its postings (centroid_fraction)."),
     seismic_summary_energy: float = typer.Option(0.4, min=0.0, max=1.0, help="Seismic: fraction of the "
                                                  "block's L1 mass kept in its summary (summary_energy)."),
+    weighting: str = typer.Option("none", "--weighting", help="Sparse: none (index the weights as stored) or "
+                                  "bm25 (replace them by Okapi BM25 term weights, IDF from the indexed documents, "
+                                  "|d| = L1 norm; queries then count as binary terms; BM25-V, eq. 1/2/9)."),
+    bm25_k1: float = typer.Option(1.5, "--bm25-k1", min=0.0, help="--weighting bm25: term-frequency saturation k1."),
+    bm25_b: float = typer.Option(0.75, "--bm25-b", min=0.0, max=1.0, help="--weighting bm25: length normalisation b."),
 ) -> None:
     """Index a collection: sparse HDF5 -> PISA inverted index, dense HDF5 -> Faiss.
 
@@ -56,8 +61,17 @@ def main(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     con = console()
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=con, transient=True, disable=not con.is_terminal) as bar:
+    import contextlib
+
+    from ..indexes import bm25
+    if weighting not in bm25.WEIGHTINGS or (weighting == "bm25" and fmt != "sparse"):
+        raise InputError(f"--weighting {weighting!r}: choose none or bm25 (bm25 needs a sparse collection)")
+    source = input
+    with contextlib.ExitStack() as stack, \
+            Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                     console=con, transient=True, disable=not con.is_terminal) as bar:
+        if weighting == "bm25":  # the engine indexes BM25 weights; mmsparse.json keeps the tf source
+            input, bm25_info = stack.enter_context(bm25.bm25_source(source, bm25_k1, bm25_b))
         task = bar.add_task(f"indexing ({engine})", total=_count(input))
 
         def done(n: int) -> None:
@@ -78,6 +92,8 @@ def main(
             from ..indexes.faiss_index import build_faiss_index
             meta = build_faiss_index(input, out, hnsw=hnsw, hnsw_m=hnsw_m, ef_construction=ef_construction,
                                      ef_search=ef_search, threads=threads, progress=done)
+        if weighting == "bm25":
+            meta = bm25.annotate_index(out, source, bm25_info)
     extra = ""
     if meta["kind"] == "pisa":
         extra = f", {meta['postings']} postings, scale {meta['quantization']['scale']:.4g}"

@@ -26,10 +26,12 @@ def main(
                                                       help="Shared terms of a query (from SPARSE) and a doc "
                                                       "(from --docs), each with q_t*d_t, and the dot-product score."),
     docs: Optional[Path] = typer.Option(None, "--docs", help="Sparse HDF5 of the documents (images), same vocab."),
-    stats: bool = typer.Option(False, "--stats", help="Document-frequency table of SPARSE's terms and the "
-                               "fitted power-law exponent a of df ~ C*rank^-a."),
+    stats: bool = typer.Option(False, "--stats", help="Document-frequency table of SPARSE's terms, the "
+                               "fitted power law df ~ C*rank^-a (a, C, R² of the log-log fit) and the terms in "
+                               "more than half of the rows."),
     stats_top: int = typer.Option(30, "--stats-top", min=1, help="Rows of the --stats table."),
-    png: Optional[Path] = typer.Option(None, "--png", help="With --stats: write the log-log rank-frequency plot here."),
+    png: Optional[Path] = typer.Option(None, "--png", help="With --stats: write the log-log rank-frequency plot "
+                                       "here (df normalised so rank 1 = 1, as BM25-V Fig. 1, with the fit)."),
     html_out: Optional[Path] = typer.Option(None, "--html", help="Write an HTML report of the ids (caption, top "
                                             "terms, top images of --run inlined, with their terms; shared terms "
                                             "highlighted)."),
@@ -81,9 +83,14 @@ def main(
     if stats:
         out["stats"] = _stats(col, stats_top, png)
     if html_out is not None:
-        _html(col, dcol, ids, html_out, run, qrels, image_root, n_images, k, sparse, wordcloud, docs)
+        n = _html(col, dcol, ids, html_out, run, qrels, image_root, n_images, k, sparse, wordcloud, docs)
+        out["html"] = str(html_out)
     if as_json:
-        typer.echo(json.dumps(out, indent=2, ensure_ascii=False))
+        typer.echo(json.dumps(_finite(out), indent=2, ensure_ascii=False))
+    elif html_out is not None:  # the report shows the rows; the terminal gets one line
+        typer.echo(f"wrote {html_out}: {len(ids)} queries, {n} retrieved images"
+                   + (f", word clouds in {Path(html_out).parent / 'wordclouds'}" if wordcloud else ""))
+        _print({k: v for k, v in out.items() if k != "rows"})
     else:
         _print(out)
 
@@ -104,6 +111,15 @@ def _sparse_source(path: Path) -> tuple[Path, Path | None]:
         raise InputError(f"{path}/mmsparse.json: source: the sparse file the index was built from ({src}) "
                          "is gone; pass the sparse HDF5 itself")
     return Path(src), Path(path)
+
+
+def _finite(x):
+    """JSON-safe: NaN/Inf (e.g. R² of a flat df curve) -> null."""
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    return None if isinstance(x, float) and x != x or x in (float("inf"), float("-inf")) else x
 
 
 def _index(col) -> dict[str, int]:
@@ -132,18 +148,25 @@ def _explain(qcol, dcol, pair, qpath, dpath) -> dict:
 
 
 def _stats(col, top: int, png: Path | None) -> dict:
-    from ..metrics import df_table, power_law_exponent, term_df
+    """Document frequencies of the terms, the power-law fit df ~ C * rank^-a (with R²), and the
+    share of active terms in more than half of the rows (BM25-V's "stop words")."""
+    from ..metrics import df_table, power_law_fit, term_df
 
     df = term_df(col.matrix)
-    a, c = power_law_exponent(df)
+    a, c, r2 = power_law_fit(df)
     if png is not None:
         from ..metrics.plots import plot_rank_frequency
         plot_rank_frequency(df, png, a, c)
-    return {"rows": len(col.ids), "active_terms": int((df > 0).sum()), "postings": int(df.sum()),
-            "power_law_exponent": a, "power_law_scale": c, "top_terms": df_table(df, col.vocab, top)}
+    active = int((df > 0).sum())
+    head = int((df > 0.5 * len(col.ids)).sum())
+    return {"rows": len(col.ids), "active_terms": active, "postings": int(df.sum()),
+            "power_law_exponent": a, "power_law_scale": c, "power_law_r2": r2,
+            "head_terms": head, "head_fraction": head / active if active else 0.0,
+            "top_terms": df_table(df, col.vocab, top)}
 
 
-def _html(col, dcol, ids, out, run, qrels, image_root, n_images, k, path, wordcloud, docs) -> None:
+def _html(col, dcol, ids, out, run, qrels, image_root, n_images, k, path, wordcloud, docs) -> int:
+    """Write the HTML report (and word clouds); returns the number of retrieved images shown."""
     import re
 
     from rich.progress import track
@@ -187,6 +210,7 @@ def _html(col, dcol, ids, out, run, qrels, image_root, n_images, k, path, wordcl
             h["wordcloud"] = name
     sub = f"queries: {path}" + (f"; run: {run}" if run else "") + (f"; documents: {docs}" if docs else "")
     write_text_atomic(out, render_report(entries, f"mmsparse inspect: {Path(path).name}", sub))
+    return sum(len(e["hits"]) for e in entries)
 
 
 def _print(out: dict) -> None:
@@ -218,7 +242,9 @@ def _print(out: dict) -> None:
         s = out["stats"]
         src = f"{out['index']} (index built from {out['file']})" if "index" in out else out["file"]
         con.print(f"{src}: {s['rows']} rows, {s['active_terms']} active terms, {s['postings']} postings; "
-                  f"df ~ {s['power_law_scale']:.3g} * rank^-{s['power_law_exponent']:.3f}",
+                  f"df ~ {s['power_law_scale']:.3g} * rank^-{s['power_law_exponent']:.3f} "
+                  f"(R² {s['power_law_r2']:.3f}); {s['head_terms']} terms ({100 * s['head_fraction']:.2f}% of the "
+                  "active ones) occur in more than half of the rows",
                   markup=False, highlight=False, soft_wrap=True)
         t = Table(title=f"top {len(s['top_terms'])} terms by document frequency")
         for c in ("rank", "term", "df"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import List, Optional
 
 import typer
 
@@ -28,19 +29,29 @@ def main(
     min_weight: float = typer.Option(0.0, min=0.0, help="Sparse: drop query weights below this value "
                                      "before searching (0 = keep all)."),
     query_algorithm: str = typer.Option("", help="PISA query algorithm (block_max_wand, "
-                                        "block_max_maxscore, maxscore, wand, ranked_or, ...); "
-                                        "default: the one recorded by `index`."),
+                                        "block_max_maxscore, maxscore, wand, ranked_or, ranked_or_taat, "
+                                        "...); default: the one recorded by `index`. Long expanded "
+                                        "queries: maxscore or ranked_or_taat are usually faster than "
+                                        "block_max_wand (see the search benchmark)."),
     query_bits: int = typer.Option(8, min=1, max=16, help="PISA: each query is scaled so its largest "
                                    "weight becomes 2^bits-1 and rounded to integers (PISA repeats a term "
                                    "weight times, so query cost grows with 2^bits)."),
     ef_search: int = typer.Option(0, min=0, help="Faiss HNSW: query beam width efSearch "
-                                  "(0 = the index's setting)."),
+                                  "(0 = the index's setting; at least k is used)."),
     heap_factor: float = typer.Option(0.7, min=0.0, max=1.0, help="Seismic: block pruning factor "
                                       "heap_factor in (0, 1]; higher skips fewer blocks (more exact, slower)."),
     query_cut: int = typer.Option(10, min=1, help="Seismic: query terms used to select blocks (query_cut)."),
     force: bool = typer.Option(False, "--force", help="Search even when the queries' recorded backbone, model, "
                                "head, dataset or split differ from the indexed documents', or when queries and "
                                "documents have the same modality (mismatches become warnings)."),
+    exclude_self: bool = typer.Option(False, "--exclude-self", help="Within-collection search (e.g. image-to-image, "
+                                      "queries = the indexed images): drop each query's own id from its results "
+                                      "(still k results) and accept queries of the documents' modality."),
+    rerank_dense: Optional[List[Path]] = typer.Option(None, "--rerank-dense", help="Two-stage BM25-V: rerank the "
+                                                      "first --rerank-k results by dense cosine, with vectors looked "
+                                                      "up by id in this dense HDF5 (queries and documents; repeatable)."),
+    rerank_k: int = typer.Option(100, "--rerank-k", min=1, help="--rerank-dense: first-stage candidates per query "
+                                 "reranked (K; the paper uses 100 and 200)."),
 ) -> None:
     """Search QUERIES against INDEX_DIR and write the top-k per query as a TREC run.
 
@@ -69,9 +80,9 @@ def main(
                          f"{index_dir} is a {kind} index")
     if out.exists() and out.is_dir():
         raise InputError(f"{out}: is a directory; --out must be a file path")
-    q_attrs = _check_queries(queries, first_stage, index_dir, meta, force)
+    q_attrs = _check_queries(queries, first_stage, index_dir, meta, force, same_modality_ok=exclude_self)
 
-    from ..indexes import open_index
+    from ..indexes import bm25, open_index
 
     options: dict = {}
     if kind == "pisa":
@@ -84,6 +95,7 @@ def main(
 
     if want == "sparse":
         qids, qmat = _sparse_queries(queries, searcher, index_dir)
+        qmat = bm25.query_matrix(meta, qmat)  # binary query terms on a BM25-weighted index
         if mode == "two-stage":
             first = _align(first_stage, qids, searcher, index_dir)
             probe = _prune(first, query_top_n, min_weight)
@@ -105,9 +117,15 @@ def main(
     con = console()
     rescore_with = qmat if mode == "two-stage" else None
     counts = {"results": 0}
-    ranked = _ranked(searcher, qids, probe, k, candidates, batch_size, rescore_with, con, counts)
+    reranker = bm25.DenseReranker(rerank_dense) if rerank_dense else None
+    k_first = bm25.first_stage_k(k, rerank_k if reranker else None, exclude_self)
+    ranked = bm25.postprocess(_ranked(searcher, qids, probe, k_first, candidates, batch_size, rescore_with, con, counts),
+                              k, exclude_self, reranker, rerank_k)
     run_meta = {"queries": q_attrs, "index": str(Path(index_dir).resolve()), "index_kind": kind, "k": k,
                 "mode": mode, "empty_queries": empty}
+    if exclude_self or reranker:
+        run_meta.update(exclude_self=exclude_self, rerank_dense=reranker and reranker.files,
+                        rerank_k=rerank_k if reranker else None)
     write_run(out, ranked, tag=tag or f"mmsparse-{kind}" + ("-2stage" if mode == "two-stage" else ""),
               meta=run_meta)
     msg = f"searched {len(qids)} queries -> {out} ({counts['results']} results, k={k}, {kind}, {mode})"
@@ -122,7 +140,8 @@ MATCH_KEYS = ("backbone", "model", "head", "dataset", "split")
 RUN_KEYS = ("modality", "backbone", "model", "head", "method", "query_mode", "dataset", "split")
 
 
-def _check_queries(queries: Path, first_stage: Path | None, index_dir: Path, meta: dict, force: bool) -> dict:
+def _check_queries(queries: Path, first_stage: Path | None, index_dir: Path, meta: dict, force: bool,
+                   same_modality_ok: bool = False) -> dict:
     """Compatibility of the query file(s) with the index, from their recorded attributes.
     Returns the query attributes the run sidecar records."""
     import h5py
@@ -135,7 +154,8 @@ def _check_queries(queries: Path, first_stage: Path | None, index_dir: Path, met
     for path in [queries] + ([first_stage] if first_stage is not None else []):
         with h5py.File(path, "r") as f:
             a = attrs_dict(f)
-        check_cross_modal(a, docs, path, f"index {index_dir}", force)
+        if not same_modality_ok:  # --exclude-self: queries are the collection's own items
+            check_cross_modal(a, docs, path, f"index {index_dir}", force)
         check_compatible(a, docs, MATCH_KEYS, str(path), f"index {index_dir} (documents)",
                          "search with queries made like the indexed documents", force)
         out = out or {k: a[k] for k in RUN_KEYS if k in a}

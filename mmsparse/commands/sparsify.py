@@ -24,11 +24,33 @@ def main(
     out: Path = typer.Option(..., "-o", "--out", help="Sparse HDF5 to write (atomically)."),
     query_mode: Optional[str] = typer.Option(None, "--query-mode", help="Captions only: expand (default; full "
                                              "head output) or caption-terms (only the caption's own tokens "
-                                             "keep weight). Images always get the full output."),
+                                             "keep weight). Images always get the full output. VDR heads: vdr "
+                                             "(default; top-k + bag-of-words gated V(q)) or bow (binary bag of "
+                                             "words, VDR^α: no network at query time)."),
     batch_size: int = typer.Option(1024, "--batch-size", min=1, help="Rows per forward pass (memory O(batch))."),
     threads: int = typer.Option(2, "--threads", min=1, help="torch CPU threads."),
     force: bool = typer.Option(False, "--force", help="Apply the head even when the dense file's backbone or "
                                "model differs from the one its training vectors came from (a warning instead)."),
+    dense_out: Optional[Path] = typer.Option(None, "--dense-out", help="Joint heads (train-head --method joint) "
+                                             "only: write the tuned dense vectors here (default: OUT without .h5 "
+                                             "+ '.dense.h5'). DENSE must then hold pre_projection states."),
+    method: str = typer.Option("d2s", "--method", help="d2s (default): the head projects each dense vector "
+                               "(d2s and the other caption-vocabulary heads); bm25v: an SAE head (train-head "
+                               "--method sae) turns each image's patch_states into visual words, sum-pooled (eq. 7), "
+                               "top-k_post (eq. 8) and uint16-quantised ×100 (§3.4); see BM25-V options. vdr: a "
+                               "VDR head over token/patch states (chosen automatically for a VDR head); see VDR options."),
+    k_post: int = typer.Option(16, "--k-post", min=1, rich_help_panel="BM25-V options",
+                               help="Visual words kept per image after sum-pooling (eq. 8, paper 16)."),
+    quantize: bool = typer.Option(True, "--quantize/--no-quantize", rich_help_panel="BM25-V options",
+                                  help="Store weights as uint16 round(v·100), read back ÷100 (§3.4)."),
+    batch_images: int = typer.Option(128, "--batch-images", min=1, rich_help_panel="BM25-V options",
+                                     help="Images per SAE pass (memory ~ images x patches x e·D x 4 bytes)."),
+    vdr_query_k: Optional[int] = typer.Option(None, "--vdr-query-k", min=1, rich_help_panel="VDR options",
+                                              help="Top-k of parametric (vdr) queries, plus their bag of words "
+                                              "(default: the head's, set by train-head --vdr-query-k)."),
+    vdr_doc_k: Optional[int] = typer.Option(None, "--vdr-doc-k", min=1, rich_help_panel="VDR options",
+                                            help="Top-k terms kept per image document (default: the head's, set by "
+                                            "train-head --vdr-doc-k)."),
 ) -> None:
     """Project dense vectors onto the head's vocabulary and write them as a sparse HDF5 file."""
     import h5py
@@ -46,6 +68,16 @@ def main(
     from ..vocab import caption_token_ids, indicator, pad_ids, to_columns
 
     torch.set_num_threads(threads)
+    if method == "bm25v":  # BM25-V visual words from patch_states: mmsparse/methods/bm25v.py
+        from ..methods.bm25v import sparsify_cli
+        return sparsify_cli(head_dir, dense, out, k_post, quantize, batch_images, threads, force)
+    from ..heads.base import read_head_config
+    if method == "vdr" or (method == "d2s" and (Path(head_dir) / "config.json").is_file()
+                           and read_head_config(head_dir)[0].get("method") == "vdr"):  # mmsparse/methods/vdr.py
+        from ..methods.vdr import sparsify_cli as vdr_sparsify
+        return vdr_sparsify(head_dir, dense, out, query_mode, vdr_query_k, vdr_doc_k, batch_size, threads, force)
+    if method != "d2s":
+        raise InputError(f"--method {method!r}: choose d2s, bm25v or vdr")
     attrs = read_dense_attrs(dense)
     modality = attrs["modality"]
     if modality == "image":
@@ -56,6 +88,7 @@ def main(
         mode = query_mode or "expand"
         if mode not in QUERY_MODES:
             raise InputError(f"--query-mode {query_mode!r}: choose expand or caption-terms")
+    from ..heads import joint as _joint  # noqa: F401  (registers joint heads with load_head)
     head = load_head(head_dir)
     if int(attrs["dim"]) != head.dim:
         raise InputError(f"{dense}: vectors have d={attrs['dim']} but head {head_dir} expects d={head.dim}; "
@@ -66,6 +99,12 @@ def main(
                      f"head {head_dir} (its training vectors)", "sparsify vectors of the backbone the head "
                      "was trained on", force)
     v = int(head.config["vocab_size"])
+    if head.method == "joint":  # re-project the pre-projection states with the tuned layers, then sparsify those
+        from ..methods.joint import tuned_dense
+        dense = tuned_dense(head, dense, dense_out or Path(str(out).removesuffix(".h5") + ".dense.h5"),
+                            head_dir=head_dir)
+    elif dense_out is not None:
+        raise InputError("--dense-out: only joint heads (train-head --method joint) change the dense vectors")
     with h5py.File(dense, "r") as f:
         n = f["ids"].shape[0]
         texts_ds = "texts" in f

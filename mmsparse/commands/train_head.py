@@ -86,6 +86,10 @@ def main(
                                             "word-level draw E_v is 0 (Algorithm 1 as printed; default, because "
                                             "it keeps frequent words such as 'a', 'in' from dominating queries "
                                             "and lowers FLOPs) or always keep own terms (the prose's reading)."),
+    l1_caption: str = typer.Option("raw", "--l1-caption", help="Which caption vectors the L1 term sees: raw "
+                                   "(default; eq. 7's L1(s_C), the head's output before expansion masking, so "
+                                   "masked expansion terms are kept small too and do not flood the scores when "
+                                   "p_c rises) or masked (s̄_C, Algorithm 1's loss input)."),
     init_bias: float = typer.Option(0.0, "--init-bias", help="Initial W2 bias (negative = sparser start)."),
     max_val_flops: Optional[float] = typer.Option(None, "--max-val-flops", min=0.0,
                                                   help="Only epochs with validation FLOPs (eq. 1) <= this may be "
@@ -96,6 +100,77 @@ def main(
     restart: bool = typer.Option(False, "--restart", help="Ignore an existing HEAD_DIR.ckpt checkpoint "
                                  "(default: resume from it when its settings match)."),
     keep_checkpoint: bool = typer.Option(False, "--keep-checkpoint", help="Keep HEAD_DIR.ckpt/ after success."),
+    method: str = typer.Option("d2s", "--method", help="Training method: d2s (default; paper eq. 4-7) or joint "
+                               "(joint sparse-dense self-distillation, CIKM 2025: needs dense files written with "
+                               "`encode-dense --pre-projection`; see the JOINT options); sae (BM25-V visual "
+                               "words: a top-k sparse autoencoder on TRAIN_IMAGES' patch_states, no captions; see "
+                               "the SAE options); vdr (VDR: elu1p weights over token/patch states, top-k + bag-of-words "
+                               "gating, nonparametric entry, contrastive mask; see the VDR options)."),
+    w1: float = typer.Option(0.3, "--w1", min=0.0, rich_help_panel="JOINT options",
+                             help="Weight of s_dense in s_inter = w1·s_dense + w2·s_sparse."),
+    w2: float = typer.Option(1.0, "--w2", min=0.0, rich_help_panel="JOINT options", help="Weight of s_sparse in s_inter."),
+    lambda_dense: float = typer.Option(1.0, "--lambda-dense", min=0.0, rich_help_panel="JOINT options",
+                                       help="λ1: weight of the InfoNCE loss of s_dense (eq. 2)."),
+    lambda_sparse: float = typer.Option(1.0, "--lambda-sparse", min=0.0, rich_help_panel="JOINT options",
+                                        help="λ2: weight of the InfoNCE loss of s_sparse."),
+    lambda_inter: float = typer.Option(1.0, "--lambda-inter", min=0.0, rich_help_panel="JOINT options",
+                                       help="λ3: weight of the InfoNCE loss of s_inter."),
+    distill: bool = typer.Option(True, "--distill/--no-distill", rich_help_panel="JOINT options",
+                                 help="Add the self-distillation loss L' (s_inter teaches s_dense and s_sparse); "
+                                 "--no-distill = contrastive only (paper Table 3, row 2)."),
+    tune_projection: bool = typer.Option(True, "--tune-projection/--freeze-projection", rich_help_panel="JOINT options",
+                                         help="Train copies of the backbone's image and text projections "
+                                         "(--freeze-projection: paper Table 3, row 1)."),
+    proj_lr: float = typer.Option(1e-4, "--proj-lr", min=0.0, rich_help_panel="JOINT options",
+                                  help="AdamW peak learning rate of the projections (no weight decay); --lr "
+                                  "applies to the sparse head and τ."),
+    tau_init: float = typer.Option(0.05, "--tau-init", min=0.01, rich_help_panel="JOINT options",
+                                   help="Initial learnable dense temperature τ (s_dense = ⟨h_t, h_i⟩/τ; kept >= 0.01)."),
+    eta_image: Optional[float] = typer.Option(None, "--eta-image", min=0.0, rich_help_panel="JOINT options",
+                                              help="η_i, L1 weight of image vectors (default: --eta, which is η_t). "
+                                              "Both ramp quadratically over --warmup-steps. joint ignores --lambda, "
+                                              "--temperature and checkpoints (--restart/--keep-checkpoint)."),
+    caption_per_image: bool = typer.Option(True, "--caption-per-image/--all-captions", rich_help_panel="JOINT options",
+                                           help="An epoch visits every image once with one random caption of it "
+                                           "(batches of distinct pairs, as eq. 2; default) or every caption."),
+    sae_k: int = typer.Option(16, "--sae-k", min=1, rich_help_panel="SAE options (BM25-V)",
+                              help="Visual words kept per patch: top-k of ReLU(W_e z + b_e) (eq. 3, paper k = 16)."),
+    sae_expansion: int = typer.Option(16, "--sae-expansion", min=1, rich_help_panel="SAE options (BM25-V)",
+                                      help="Expansion factor e: vocabulary of e·D visual words (paper e = 16)."),
+    sae_lambda: float = typer.Option(1e-3, "--sae-lambda", min=0.0, rich_help_panel="SAE options (BM25-V)",
+                                     help="λ of the L1 term in ||ẑ - z||² + λ||h||_1 (§3.6, 1e-3)."),
+    sae_epochs: int = typer.Option(5, "--sae-epochs", min=1, rich_help_panel="SAE options (BM25-V)",
+                                   help="Passes over all training patches (§3.6: 5)."),
+    sae_batch_size: int = typer.Option(4096, "--sae-batch-size", min=1, rich_help_panel="SAE options (BM25-V)",
+                                       help="Patches per Adam step (§3.6: 4096)."),
+    sae_lr: float = typer.Option(4e-4, "--sae-lr", min=0.0, rich_help_panel="SAE options (BM25-V)",
+                                 help="Adam peak learning rate, cosine-decayed to 0 over all steps."),
+    patch_skip: int = typer.Option(0, "--patch-skip", min=0, rich_help_panel="SAE options (BM25-V)",
+                                   help="Leading patch positions to ignore (1 for a ViT's [CLS]; 0 for conv maps); "
+                                   "sparsify applies the same."),
+    sae_buffer_images: int = typer.Option(8192, "--sae-buffer-images", min=1, rich_help_panel="SAE options (BM25-V)",
+                                          help="Images whose patches are held in the shuffle buffer (memory "
+                                          "~ this x P x D x 4 bytes); patches stream from the HDF5 file."),
+    vdr_train_k: int = typer.Option(512, "--vdr-train-k", min=1, rich_help_panel="VDR options",
+                                    help="Query-side top-k of G_q (eq. 4) during training; images stay fully "
+                                    "activated (§3.3 a; App. A: 512). VDR's defaults for shared options when not "
+                                    "given: --epochs 1, --batch-size 256 (pairs per step)."),
+    vdr_query_k: int = typer.Option(512, "--vdr-query-k", min=1, rich_help_panel="VDR options",
+                                    help="Default top-k of parametric queries at sparsify time (stored in the head; "
+                                    "sparsify --vdr-query-k overrides)."),
+    vdr_doc_k: int = typer.Option(512, "--vdr-doc-k", min=1, rich_help_panel="VDR options",
+                                  help="Default top-k of documents (images) at sparsify time and validation "
+                                  "(stored in the head; sparsify --vdr-doc-k overrides)."),
+    vdr_temperature: float = typer.Option(0.07, "--vdr-temperature", min=1e-4, rich_help_panel="VDR options",
+                                          help="Initial τ of eq. 5 on L2-normalised vectors, learnable (App. A: 0.07)."),
+    vdr_cts_mask: bool = typer.Option(True, "--vdr-cts-mask/--vdr-no-cts-mask", rich_help_panel="VDR options",
+                                      help="Contrastive mask (§3.3 c): deal the dimensions no caption of the batch "
+                                      "opens to the in-batch pairs as negatives-only dimensions."),
+    vdr_np_entry: bool = typer.Option(True, "--vdr-np-entry/--vdr-no-np-entry", rich_help_panel="VDR options",
+                                      help="Add the nonparametric entry SCE(bow(q), V_p) to the loss (§3.2)."),
+    vdr_buffer_rows: int = typer.Option(4096, "--vdr-buffer-rows", min=1, rich_help_panel="VDR options",
+                                        help="Captions whose token states are held in the shuffle buffer (memory "
+                                        "~ this x L x h x 2 bytes); states stream from the HDF5 file."),
 ) -> None:
     """Train a D2S head (paper eq. 4-7, Algorithm 1) from dense vectors to sparse vocabulary terms."""
     import shutil
@@ -111,8 +186,14 @@ def main(
     from ..vocab import load_vocab_model, vocab_from_dense_attrs
 
     err = Console(stderr=True)
+    if method == "sae":  # BM25-V visual words: top-k SAE on TRAIN_IMAGES' patch_states (mmsparse/methods/bm25v.py)
+        from ..methods.bm25v import train_cli
+        return train_cli(train_images, out, sae_k, sae_expansion, sae_lambda, sae_epochs, sae_batch_size, sae_lr,
+                         patch_skip, sae_buffer_images, seed, threads, device)
     if expansion not in MODES:
         raise InputError(f"--expansion {expansion!r}: choose one of {', '.join(MODES)}")
+    if l1_caption not in ("raw", "masked"):
+        raise InputError(f"--l1-caption {l1_caption!r}: choose raw or masked")
     if lr_decay not in ("linear", "constant"):
         raise InputError(f"--lr-decay {lr_decay!r}: choose linear or constant")
     if device != "cpu" and not (device.startswith("cuda") and torch.cuda.is_available()):
@@ -131,6 +212,14 @@ def main(
     if (val_images is None) != (val_captions is None):
         raise InputError("pass both --val-images and --val-captions (or neither)")
     torch.set_num_threads(threads)
+    if method == "joint":   # joint sparse-dense self-distillation: mmsparse/methods/joint.py
+        from ..methods.joint import run_train_head
+        return run_train_head(dict(locals()))
+    if method == "vdr":     # VDR on frozen token/patch states: mmsparse/methods/vdr.py
+        from ..methods.vdr import train_cli as vdr_train
+        return vdr_train(dict(locals()))
+    if method != "d2s":
+        raise InputError(f"--method {method!r}: choose d2s, joint, sae or vdr")
 
     t_load = time.time()
     train = load_pairs(train_images, train_captions, qrels)
@@ -161,7 +250,7 @@ def main(
     cfg = TrainConfig(eta=eta, lam=lam, tau=temperature, epochs=epochs, batch_size=batch_size, lr=lr,
                       weight_decay=weight_decay, lr_warmup_steps=lr_warmup_steps, lr_decay=lr_decay, seed=seed,
                       expansion=expansion, mask_caption_terms=mask_caption_terms, warmup_steps=warmup_steps,
-                      init_bias=init_bias, max_val_flops=max_val_flops)
+                      init_bias=init_bias, max_val_flops=max_val_flops, l1_caption=l1_caption)
     torch.manual_seed(seed)
     head = D2SHead.from_vocab(train.z_img.shape[1], voc, training, init_bias=init_bias)
     train.set_columns(head.token_ids.numpy())

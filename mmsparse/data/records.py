@@ -55,3 +55,4 @@ def load_json(path: str | Path, what: str):
             return json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise InputError(f"{p}: not valid JSON ({e}); pass a {what}") from None
+

@@ -190,8 +190,9 @@ def read_dense(path: str | Path, dtype=np.float32) -> DenseCollection:
         vec = f["vectors"][()].astype(dtype, copy=False)
         texts = read_strings(f["texts"]) if "texts" in f else None
         image_ids = read_strings(f["image_ids"]) if "image_ids" in f else None
-    if vec.ndim != 2 or vec.shape[0] != len(ids):
-        raise InputError(f"{path}: 'vectors' has shape {vec.shape} but there are {len(ids)} ids")
+    if vec.ndim != 2 or vec.shape[0] != len(ids) or vec.shape[1] != int(a["dim"]):
+        raise InputError(f"{path}: 'vectors' has shape {vec.shape} but there are {len(ids)} ids of attribute "
+                         f"dim={a['dim']}")
     check_ids(ids, path)
     if not np.isfinite(vec).all():
         bad = int((~np.isfinite(vec)).any(axis=1).sum())
@@ -207,13 +208,16 @@ def iter_dense(path: str | Path, chunk_rows: int = 4096) -> Iterator[tuple[list[
     from ..checks import check_finite
 
     with open_h5(path, "dense") as f:
-        _check_attrs(attrs_dict(f), path)
+        a = attrs_dict(f)
+        _check_attrs(a, path)
         for k in ("ids", "vectors"):
             if k not in f:
                 raise InputError(f"{path}: dense file lacks dataset {k!r}")
         n = f["ids"].shape[0]
-        if f["vectors"].ndim != 2 or f["vectors"].shape[0] != n:
-            raise InputError(f"{path}: 'vectors' has shape {f['vectors'].shape} but there are {n} ids")
+        shape = f["vectors"].shape
+        if len(shape) != 2 or shape[0] != n or shape[1] != int(a["dim"]):
+            raise InputError(f"{path}: 'vectors' has shape {shape} but there are {n} ids of attribute "
+                             f"dim={a['dim']}")
         seen: set[str] = set()
         for s in range(0, n, chunk_rows):
             ids = [x.decode() if isinstance(x, bytes) else x for x in f["ids"][s:s + chunk_rows]]

@@ -99,6 +99,10 @@ def read_sparse(path: str | Path) -> SparseCollection:
     """Load a sparse file. Raises InputError if missing, not sparse, or inconsistent."""
     with open_h5(path, "sparse") as f:
         a = attrs_dict(f)
+        missing = [k for k in REQUIRED_ATTRS if k not in a]
+        if missing:
+            raise InputError(f"{path}: sparse file lacks attribute(s) {', '.join(missing)}; "
+                             "write it with `mmsparse sparsify`")
         for k in ("ids", "indptr", "indices", "weights", "vocab"):
             if k not in f:
                 raise InputError(f"{path}: sparse file lacks dataset {k!r}")

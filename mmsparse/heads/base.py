@@ -102,4 +102,5 @@ def read_head_config(path: str | Path) -> tuple[dict, list[str]]:
 def load_head(path: str | Path, map_location: str = "cpu") -> SparseHead:
     """Load any registered head from its directory (imports the built-in methods first)."""
     from . import d2s  # noqa: F401  (registers built-in heads)
+    from . import vdr  # noqa: F401  (registers the VDR head)
     return SparseHead.from_pretrained(path, map_location)

@@ -90,7 +90,8 @@ def build_faiss_index(src: str | Path, out_dir: str | Path, hnsw: bool = False, 
 class FaissSearcher:
     """Top-k inner-product search of dense queries over a Faiss index directory.
 
-    threads: OpenMP threads for Faiss. ef_search: HNSW query beam (None: the index's setting).
+    threads: OpenMP threads for Faiss. ef_search: HNSW query beam (None: the index's setting);
+    a search for k results uses max(ef_search, k).
     """
 
     kind = "faiss"
@@ -109,10 +110,22 @@ class FaissSearcher:
         self.index = faiss.read_index(str(self.dir / INDEX_FILE))
         self.ids: list[str] = json.loads((self.dir / IDS_FILE).read_text(encoding="utf-8"))
         self.dim = int(self.meta["dim"])
+        self._hnsw_params = None
         if ef_search is not None:
             if not hasattr(self.index, "hnsw"):
                 raise InputError("--ef-search applies to HNSW indexes only; this index is IndexFlatIP")
             self.index.hnsw.efSearch = int(ef_search)
+
+    def _params(self, k: int):
+        """HNSW search parameters with efSearch >= k: Faiss returns at most about efSearch
+        results (padding the rest with -1), so a beam narrower than k would truncate the list."""
+        if not hasattr(self.index, "hnsw") or self.index.hnsw.efSearch >= k:
+            return None
+        if self._hnsw_params is None or self._hnsw_params.efSearch != k:
+            import faiss
+
+            self._hnsw_params = faiss.SearchParametersHNSW(efSearch=k)
+        return self._hnsw_params
 
     def search(self, queries: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
         """Top-k of each query. queries: [nq, d] float32. Returns nq lists of (doc row, <q, d>)."""
@@ -120,12 +133,13 @@ class FaissSearcher:
         if q.ndim != 2 or q.shape[1] != self.dim:
             raise InputError(f"queries have dimension {q.shape[-1]}, the index has {self.dim}")
         k = min(k, self.index.ntotal)
-        scores, rows = self.index.search(q, k)
+        scores, rows = self.index.search(q, k, params=self._params(k))
         return [[(int(r), float(s)) for r, s in zip(rr, ss) if r >= 0] for rr, ss in zip(rows, scores)]
 
     def search_one(self, vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-k of one query vector [d] float32: (doc rows int64, scores float32), no padding."""
-        scores, rows = self.index.search(np.ascontiguousarray(vector, dtype=np.float32).reshape(1, -1),
-                                         min(k, self.index.ntotal))
+        k = min(k, self.index.ntotal)
+        scores, rows = self.index.search(np.ascontiguousarray(vector, dtype=np.float32).reshape(1, -1), k,
+                                         params=self._params(k))
         keep = rows[0] >= 0
         return rows[0][keep], scores[0][keep]

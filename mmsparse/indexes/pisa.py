@@ -38,7 +38,10 @@ from ._quiet import quiet_fds
 from .meta import read_meta, source_attrs, write_meta
 
 QUERY_ALGORITHMS = ("block_max_wand", "block_max_maxscore", "maxscore", "wand", "ranked_or",
-                    "block_max_ranked_and", "ranked_and")
+                    "block_max_ranked_and", "ranked_and", "ranked_or_taat", "ranked_or_taat_lazy")
+# PisaRetrieve only accepts the document-at-a-time names; the retrieval context it prepares does
+# not depend on the algorithm, so it is made with this one and the algorithm given per call.
+_CONTEXT_ALGORITHM = "block_max_wand"
 ENCODINGS = ("block_simdbp", "block_optpfor", "block_varintg8iu", "block_streamvbyte",
              "block_maskedvbyte", "block_interpolative", "block_qmx", "block_varintgb",
              "block_simple8b", "block_simple16", "ef", "single", "pefuniform", "pefopt")
@@ -177,7 +180,7 @@ def build_pisa_index(src: str | Path, out_dir: str | Path, quant_bits: int = 8, 
             # Building the retriever once writes the block-max data and compressed index now,
             # so `search` never writes into the index directory.
             PisaRetrieve(index, "quantized", threads=threads, stops="none", toks_scale=1.0,
-                         query_algorithm=query_algorithm, block_size=block_size)
+                         query_algorithm=_CONTEXT_ALGORITHM, block_size=block_size)
             num_docs, num_terms = index.num_docs(), index.num_terms()
         write_sparse(tmp / FORWARD, col.ids, m, col.vocab, {**col.attrs, "source": str(Path(src).resolve())},
                      texts=col.texts)
@@ -262,7 +265,7 @@ class PisaSearcher:
             with quiet_fds():
                 self._retrievers[k] = self._PisaRetrieve(
                     self._index, "quantized", num_results=k, threads=self.threads, stops="none",
-                    toks_scale=1.0, query_algorithm=self.query_algorithm,
+                    toks_scale=1.0, query_algorithm=_CONTEXT_ALGORITHM,
                     block_size=self.meta["settings"]["block_size"])
         return self._retrievers[k]
 
@@ -278,7 +281,7 @@ class PisaSearcher:
         n = len(items) * k
         qidx, docnos = np.empty(n, dtype=np.int32), np.empty(n, dtype=object)
         ranks, scores = np.empty(n, dtype=np.int32), np.empty(n, dtype=np.float32)
-        size = _pisathon.retrieve(r._ctxt, r.query_algorithm.value, items, k=k, threads=self.threads,
+        size = _pisathon.retrieve(r._ctxt, self.query_algorithm, items, k=k, threads=self.threads,
                                   query_weighted=1, pretokenised=True, result_qidxs=qidx,
                                   result_docnos=docnos, result_ranks=ranks, result_scores=scores)
         docs = np.fromiter(map(int, docnos[:size]), dtype=np.int64, count=size)

@@ -70,14 +70,24 @@ def overlap_histogram(overlaps: Mapping[str, float], k: int = 10) -> list[int]:
     return counts
 
 
-def power_law_exponent(freqs: np.ndarray) -> tuple[float, float]:
+def power_law_fit(freqs: np.ndarray) -> tuple[float, float, float]:
     """Fit freq ≈ C * rank^(-a) by least squares in log-log space over the non-zero `freqs`
-    (sorted decreasingly, rank 1 = most frequent), sampled at ~100 log-spaced ranks.
-    Returns (a, C); (nan, nan) with < 2 points."""
+    (sorted decreasingly, rank 1 = most frequent), sampled at ~100 log-spaced ranks (as BM25-V
+    Sec. 5 / Fig. 1). Returns (a, C, R² of the log-log fit); (nan, nan, nan) with < 2 points."""
     f = np.sort(np.asarray(freqs, dtype=np.float64)[np.asarray(freqs) > 0])[::-1]
     if len(f) < 2:
-        return math.nan, math.nan
+        return math.nan, math.nan, math.nan
     # fit on ~100 log-spaced ranks so the long tail (most ranks) does not dominate the fit
     r = np.unique(np.geomspace(1, len(f), 100).round().astype(np.int64))
-    slope, intercept = np.polyfit(np.log(r), np.log(f[r - 1]), 1)
-    return float(-slope) + 0.0, float(math.exp(intercept))
+    x, y = np.log(r), np.log(f[r - 1])
+    slope, intercept = np.polyfit(x, y, 1)
+    ss_res = float(((y - (slope * x + intercept)) ** 2).sum())
+    ss_tot = float(((y - y.mean()) ** 2).sum())
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else math.nan
+    return float(-slope) + 0.0, float(math.exp(intercept)), r2
+
+
+def power_law_exponent(freqs: np.ndarray) -> tuple[float, float]:
+    """(a, C) of power_law_fit."""
+    a, c, _ = power_law_fit(freqs)
+    return a, c

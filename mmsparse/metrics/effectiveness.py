@@ -77,7 +77,8 @@ def evaluate_run(run: Mapping[str, Mapping[str, float]], qrels: Mapping[str, Map
         raise InputError(f"{run_name}: {len(not_in_qrels)} run query id(s) are not in {qrels_name} "
                          f"(e.g. {not_in_qrels[:3]}); drop --strict to skip them")
     not_in_run = [q for q in qrels if q not in run]
-    sub = {q: dict(run[q]) for q in shared}
+    depth = _depth(ms)
+    sub = {q: _truncate(run[q], depth) for q in shared}
     names = [str(m) for m in ms]
     per = {n: {q: 0.0 for q in qrels} for n in names}
     for metric in ir_measures.iter_calc(ms, qrels, sub):
@@ -90,3 +91,25 @@ def evaluate_run(run: Mapping[str, Mapping[str, float]], qrels: Mapping[str, Map
             a.add(v)
         agg[n] = float(a.result())
     return EvalResult(agg, per, not_in_qrels, not_in_run)
+
+
+def _depth(measures) -> int | None:
+    """The deepest rank any measure looks at, or None when one looks at the whole ranking (no
+    cutoff, or judged_only, which filters the ranking before cutting it)."""
+    d = 0
+    for m in measures:
+        c = m.params.get("cutoff")
+        if c is None or m.params.get("judged_only"):
+            return None
+        d = max(d, int(c))
+    return d
+
+
+def _truncate(docs: Mapping[str, float], depth: int | None) -> dict[str, float]:
+    """The docs scoring at least the depth-th best score (ties at the boundary all kept, so any
+    tie-breaking ir-measures applies sees the same candidates): with R@k / RR@10 on 1000-deep
+    runs this makes evaluation ~100x faster and changes no value."""
+    if depth is None or len(docs) <= depth:
+        return dict(docs)
+    kth = sorted(docs.values(), reverse=True)[depth - 1]
+    return {d: s for d, s in docs.items() if s >= kth}

@@ -32,9 +32,11 @@ def plot_flops_vs_effectiveness(points: Sequence[tuple[str, float, float]], path
     value); each (label, value) of `references` (runs without FLOPs, e.g. the dense model) is a
     dashed horizontal line."""
     fig, ax = _figure()
-    for label, x, y in points:
+    for n, (label, x, y) in enumerate(points):
         ax.scatter([x], [100 * y])
-        ax.annotate(label, (x, 100 * y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        # alternate above/below so labels of nearby points do not print over each other
+        ax.annotate(label, (x, 100 * y), textcoords="offset points", xytext=(4, 4 if n % 2 == 0 else -10),
+                    fontsize=7)
     for label, y in references:
         ax.axhline(100 * y, color="grey", ls="--", lw=1)
         ax.annotate(label, (0.01, 100 * y), xycoords=("axes fraction", "data"), textcoords="offset points",
@@ -67,14 +69,18 @@ def plot_overlap_histogram(series: Sequence[tuple[str, Sequence[int]]], path: st
 
 
 def plot_rank_frequency(freqs: np.ndarray, path: str | Path, exponent: float, scale: float) -> None:
-    """Log-log rank vs document frequency of index terms with the fitted power law C * r^-a."""
+    """Log-log rank vs document frequency of the terms, normalised so rank 1 = 1 (BM25-V Fig. 1),
+    with the fitted power law C * r^-a (same normalisation) and Zipf's a = 1 for reference."""
     fig, ax = _figure()
-    f = np.sort(np.asarray(freqs)[np.asarray(freqs) > 0])[::-1]
-    r = np.arange(1, len(f) + 1)
-    ax.loglog(r, f, ".", ms=2, label="terms")
-    if np.isfinite(exponent):
-        ax.loglog(r, scale * r ** (-exponent), "r-", lw=1, label=f"fit: {scale:.3g} r^-{exponent:.2f}")
+    f = np.sort(np.asarray(freqs)[np.asarray(freqs) > 0])[::-1].astype(np.float64)
+    if f.size:
+        r = np.arange(1, len(f) + 1)
+        ax.loglog(r, f / f[0], ".", ms=2, label=f"terms ({len(f)} active)")
+        if np.isfinite(exponent):
+            ax.loglog(r, scale * r ** (-exponent) / f[0], "r-", lw=1, label=f"fit: a = {exponent:.2f}")
+        ax.loglog(r, 1.0 / r, "k:", lw=1, label="Zipf (a = 1)")
+        ax.legend(fontsize=8)
     ax.set_xlabel("term rank")
-    ax.set_ylabel("document frequency")
-    ax.legend()
+    ax.set_ylabel("document frequency / rank-1 frequency")
+    ax.grid(alpha=0.3, which="both", lw=0.3)
     _save(fig, Path(path))

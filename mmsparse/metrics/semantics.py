@@ -21,6 +21,10 @@ def tokenize_captions(texts: Sequence[str], tokenizer: str | Path) -> list[list[
     if not f.is_file():
         raise InputError(f"{p}: no tokenizer.json; pass --tokenizer MODEL_DIR (the model whose vocab the head uses)")
     tok = Tokenizer.from_file(str(f))
+    # a model's tokenizer.json may pad batches (to the longest caption) and truncate: neither belongs
+    # to a caption's own pieces ([PAD] would count as a caption term in Exact@k / Semantic@k)
+    tok.no_padding()
+    tok.no_truncation()
     return [e.tokens for e in tok.encode_batch(list(texts), add_special_tokens=False)]
 
 

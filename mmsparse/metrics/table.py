@@ -80,8 +80,12 @@ def build_table(results: Sequence[dict], labels: Sequence[str], columns: Sequenc
     if len(nq) > 1:
         warnings.append(f"the results cover different numbers of queries: {sorted(nq)}")
     runs = {_resolved(r.get("run")): lab for r, lab in zip(results, labels) if r.get("run")}
+    names = {Path(str(r.get("run"))).name: lab for r, lab in zip(results, labels) if r.get("run")}
     dense_runs = {_resolved(r["dense_run"]) for r in tested if r.get("dense_run")}
-    reference = next((runs[d] for d in dense_runs if d in runs), None) if len(dense_runs) == 1 else None
+    reference = None
+    if len(dense_runs) == 1:  # the same path, else (evaluated from another directory) the same file name
+        d = next(iter(dense_runs))
+        reference = runs.get(d) or names.get(Path(d).name)
     if len(dense_runs) > 1:
         warnings.append(f"the sparse rows were tested against different dense runs: {sorted(dense_runs)}")
     elif dense_runs and reference is None:

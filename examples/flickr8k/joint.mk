@@ -1,0 +1,96 @@
+# joint.mk — joint sparse-dense self-distillation (train-head --method joint; CIKM 2025) on Flickr8k.
+# Included by the Makefile (needs HEAD, WORK, EVAL_SPLIT, QRELS, the stages).
+#
+#   make joint            the side-by-side table (original dense, joint dense, D2S sparse, joint sparse;
+#                         † = significant vs original dense), the Table 3 ablation and the w1 x w2 grid
+#   make joint-ablation   only the ablation;   make joint-grid   only the grid (validation R@1)
+#
+# Inputs: $(JOINT_STATES)/{train,val,test}-{images,captions}.h5 from
+#   mmsparse encode-dense ... --pre-projection -o $(JOINT_STATES)   (pre_projection + *_proj_weight)
+# Heads: $(WORK)/heads/joint (full), joint-nodistill (no L'), joint-frozen (projections frozen),
+#        joint-grid-W1-W2 (grid cells, JOINT_GRID_FLAGS schedule).
+# Outputs: $(WORK)/eval/joint-dense.json, joint-sparse.json, joint-table.md, joint-ablation.md, joint-grid.md;
+#          tuned dense vectors in $(WORK)/dense/joint*/$(EVAL_SPLIT)-{images,captions}.h5.
+#   JOINT_FLAGS       train-head flags of every joint head (the schedule; ~4 minutes on 2 CPU cores)
+#   JOINT_GRID_FLAGS  flags of the grid cells (a shorter schedule)
+#   JOINT_W1 / JOINT_W2  grid values of w1 and w2
+JOINT_STATES     ?= $(WORK)/dense/$(BACKBONE)-states
+# A short schedule (72 steps of 256 image-caption pairs, ~5 minutes on 2 busy CPU cores); a negative
+# initial bias starts the head sparse, so early sparse scores do not swamp s_inter (the teacher).
+# No expansion control (the paper's main setting; PEC is its Fig. 2 left variant): with PEC the first
+# epoch's captions keep only their own, mostly inactive terms and the sparse loss barely moves.
+JOINT_FLAGS      ?= --epochs 3 --batch-size 256 --eta 3e-3 --warmup-steps 40 --init-bias -2 --expansion full
+JOINT_GRID_FLAGS ?= --epochs 2 --warmup-steps 30
+JOINT_W1         ?= 0.1 1
+JOINT_W2         ?= 0.3 3
+JOINT_INPUTS      = $(JOINT_STATES)/train-images.h5 $(JOINT_STATES)/train-captions.h5 \
+                    $(JOINT_STATES)/val-images.h5 $(JOINT_STATES)/val-captions.h5
+PYTHON           ?= python
+# per-head flags: joint-nodistill, joint-frozen, joint-grid-W1-W2 (w1, w2 from the name)
+JOINT_VARIANT_joint-nodistill = --no-distill
+JOINT_VARIANT_joint-frozen    = --freeze-projection
+joint_flags = $(if $(filter grid,$(word 2,$(subst -, ,$(1)))),$(JOINT_GRID_FLAGS) --w1 $(word 3,$(subst -, ,$(1))) \
+              --w2 $(word 4,$(subst -, ,$(1))),$(JOINT_VARIANT_$(1)))
+JOINT_GRID  = $(foreach a,$(JOINT_W1),$(foreach b,$(JOINT_W2),joint-grid-$(a)-$(b)))
+
+# Explicit rules per head (a pattern's % cannot match the empty stem of plain "joint"); they take
+# precedence over the D2S pattern rules of stages/*.mk, whose inputs lack pre-projection states.
+define JOINT_HEAD_RULES
+$(WORK)/heads/$(1)/config.json: $(JOINT_INPUTS)
+	$(MMSPARSE) train-head --method joint $(JOINT_STATES)/train-images.h5 $(JOINT_STATES)/train-captions.h5 \
+	  --val-images $(JOINT_STATES)/val-images.h5 --val-captions $(JOINT_STATES)/val-captions.h5 \
+	  -o $$(@D) $(JOINT_FLAGS) $(call joint_flags,$(1)) $(TRAIN_FLAGS)
+endef
+
+# sparsify re-projects the stored pre-projection states with the head's tuned layers; --dense-out keeps them.
+# Then the tuned dense model: Faiss index, run, evaluation (p-values vs the original dense run).
+define JOINT_EVAL_RULES
+$(WORK)/sparse/$(1)/$(EVAL_SPLIT)-images.h5 $(WORK)/dense/$(1)/$(EVAL_SPLIT)-images.h5 &: $(WORK)/heads/$(1)/config.json $(JOINT_STATES)/$(EVAL_SPLIT)-images.h5
+	$(MMSPARSE) sparsify $(WORK)/heads/$(1) $(JOINT_STATES)/$(EVAL_SPLIT)-images.h5 -o $(WORK)/sparse/$(1)/$(EVAL_SPLIT)-images.h5 \
+	  --dense-out $(WORK)/dense/$(1)/$(EVAL_SPLIT)-images.h5 $(SPARSIFY_FLAGS)
+
+$(WORK)/sparse/$(1)/$(EVAL_SPLIT)-captions.expand.h5 $(WORK)/dense/$(1)/$(EVAL_SPLIT)-captions.h5 &: $(WORK)/heads/$(1)/config.json $(JOINT_STATES)/$(EVAL_SPLIT)-captions.h5
+	$(MMSPARSE) sparsify $(WORK)/heads/$(1) $(JOINT_STATES)/$(EVAL_SPLIT)-captions.h5 \
+	  -o $(WORK)/sparse/$(1)/$(EVAL_SPLIT)-captions.expand.h5 --query-mode expand \
+	  --dense-out $(WORK)/dense/$(1)/$(EVAL_SPLIT)-captions.h5 $(SPARSIFY_FLAGS)
+
+$(WORK)/sparse/$(1)/$(EVAL_SPLIT)-captions.caption-terms.h5: $(WORK)/heads/$(1)/config.json $(JOINT_STATES)/$(EVAL_SPLIT)-captions.h5
+	$(MMSPARSE) sparsify $(WORK)/heads/$(1) $(JOINT_STATES)/$(EVAL_SPLIT)-captions.h5 -o $$@ --query-mode caption-terms $(SPARSIFY_FLAGS)
+
+$(WORK)/index/dense-$(1)/mmsparse.json: $(WORK)/dense/$(1)/$(EVAL_SPLIT)-images.h5
+	$(MMSPARSE) index $$< -o $$(@D) $(DENSE_INDEX_FLAGS)
+
+$(WORK)/runs/dense-$(1).trec: $(WORK)/index/dense-$(1)/mmsparse.json $(WORK)/dense/$(1)/$(EVAL_SPLIT)-captions.h5
+	$(MMSPARSE) search $$(<D) $(WORK)/dense/$(1)/$(EVAL_SPLIT)-captions.h5 -o $$@ --k $(K) $(SEARCH_FLAGS)
+
+$(WORK)/eval/dense-$(1).json: $(WORK)/runs/dense-$(1).trec $(QRELS) $(WORK)/runs/dense.trec
+	$(MMSPARSE) eval $$< $(QRELS) -o $$@ --dense-run $(WORK)/runs/dense.trec --n-comparisons 3 $(EVAL_FLAGS)
+endef
+
+$(foreach h,joint joint-nodistill joint-frozen $(JOINT_GRID),$(eval $(call JOINT_HEAD_RULES,$(h))))
+$(foreach h,joint joint-nodistill joint-frozen,$(eval $(call JOINT_EVAL_RULES,$(h))))
+
+$(WORK)/eval/joint-dense.json: $(WORK)/eval/dense-joint.json
+	cp $< $@
+$(WORK)/eval/joint-sparse.json: $(WORK)/eval/joint.expand.json
+	cp $< $@
+
+JOINT_COLUMNS = --column R@1 --column R@5 --column RR@10 --column FLOPs --column query_terms --column doc_terms
+
+.PHONY: joint joint-table joint-ablation joint-grid
+joint: joint-table joint-ablation joint-grid
+
+joint-table: $(WORK)/eval/dense.json $(WORK)/eval/joint-dense.json $(WORK)/eval/$(HEAD).expand.json $(WORK)/eval/joint-sparse.json
+	$(MMSPARSE) eval --table $^ --label "original dense" --label "joint dense" --label "D2S sparse" \
+	  --label "joint sparse" $(JOINT_COLUMNS) -o $(WORK)/eval/joint-table.md
+
+# paper Table 3: distillation x final-layer tuning (test split, † vs original dense)
+joint-ablation: $(WORK)/eval/dense.json $(WORK)/eval/joint-frozen.expand.json $(WORK)/eval/joint-nodistill.expand.json $(WORK)/eval/joint.expand.json $(WORK)/eval/dense-joint-nodistill.json $(WORK)/eval/dense-joint.json
+	$(MMSPARSE) eval --table $^ --label "original dense" --label "sparse: distill, frozen proj." \
+	  --label "sparse: no distill, tuned proj." --label "sparse: distill, tuned proj. (full)" \
+	  --label "dense: no distill, tuned proj." --label "dense: distill, tuned proj. (full)" \
+	  $(JOINT_COLUMNS) -o $(WORK)/eval/joint-ablation.md
+
+# paper Fig. 2 right: validation R@1 over w1 x w2 (short schedule)
+joint-grid: $(foreach h,$(JOINT_GRID),$(WORK)/heads/$(h)/config.json)
+	$(PYTHON) -m mmsparse.methods.joint grid $(dir $^) -o $(WORK)/eval/joint-grid.md

@@ -1,0 +1,89 @@
+"""Joint sparse-dense head (Song et al., CIKM 2025, "Sparse and Dense Retrievers Learn Better
+Together", §2.2-2.3): the D2S sparse head plus trainable copies of the backbone's two final
+projection layers and a learnable temperature.
+
+    h_i = normalize(W_img p_i (+ b_img))     p_i [h_img]: pooled image state before the projection
+    h_t = normalize(W_txt p_t (+ b_txt))     p_t [h_txt]: pooled caption ([CLS]) state
+    z   = log(1 + ReLU(f(h)))                 eq. 1, f = the D2S head (W1, LN, W2 <- word embeddings)
+    s_dense = <h_t, h_i> / τ,   s_sparse = <z_t, z_i>,   s_inter = w1 s_dense + w2 s_sparse
+
+`forward(h)` is the D2S forward on already projected vectors, so the head is a drop-in SparseHead;
+`project(p, modality)` applies the tuned projections to stored pre-projection states (the
+`pre_projection` dataset of `encode-dense --pre-projection`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import register_head
+from .d2s import D2SHead
+
+MODALITIES = ("image", "text")
+
+
+@register_head("joint")
+class JointHead(D2SHead):
+    """config: the D2S fields (dim d = projection output, vocab_size, omega, vocab_source, training)
+    plus image_dim (h_img), text_dim (h_txt), proj_bias (bool), tau_init (float).
+
+    Parameters: w1, norm, w2 (D2S), image_proj [d, h_img], text_proj [d, h_txt] (nn.Linear),
+    log_tau (scalar; τ = exp(log_tau), clamped to >= 0.01 as CLIP clamps its logit scale).
+    """
+
+    def __init__(self, config: dict, vocab: list[str]):
+        super().__init__(config, vocab)
+        if "image_dim" in config:          # absent only inside D2SHead.from_vocab (see from_backbone)
+            self._build_projections()
+
+    def _build_projections(self) -> None:
+        c = self.config
+        bias = bool(c.get("proj_bias", False))
+        self.image_proj = nn.Linear(int(c["image_dim"]), self.dim, bias=bias)
+        self.text_proj = nn.Linear(int(c["text_dim"]), self.dim, bias=bias)
+        self.log_tau = nn.Parameter(torch.tensor(math.log(float(c.get("tau_init", 0.05)))))
+
+    @classmethod
+    def from_backbone(cls, vocab, proj: dict, training: dict | None = None, init_bias: float = 0.0,
+                      tau_init: float = 0.05) -> "JointHead":
+        """A fresh joint head: D2S part as D2SHead.from_vocab (W2 <- vocab.embeddings), projections
+        copied from the backbone's. proj: {"image_proj_weight" [d, h_img], "text_proj_weight"
+        [d, h_txt], optional "image_proj_bias"/"text_proj_bias" [d]} (numpy or torch)."""
+        w_img = torch.as_tensor(np.asarray(proj["image_proj_weight"]), dtype=torch.float32)
+        w_txt = torch.as_tensor(np.asarray(proj["text_proj_weight"]), dtype=torch.float32)
+        if w_img.shape[0] != w_txt.shape[0]:
+            raise ValueError(f"projection outputs differ: image {tuple(w_img.shape)}, text {tuple(w_txt.shape)}")
+        head = cls.from_vocab(int(w_img.shape[0]), vocab, training, init_bias=init_bias)
+        bias = "image_proj_bias" in proj and "text_proj_bias" in proj
+        head.config.update(image_dim=int(w_img.shape[1]), text_dim=int(w_txt.shape[1]), proj_bias=bias,
+                           tau_init=float(tau_init))
+        head._build_projections()
+        with torch.no_grad():
+            head.image_proj.weight.copy_(w_img)
+            head.text_proj.weight.copy_(w_txt)
+            if bias:
+                head.image_proj.bias.copy_(torch.as_tensor(np.asarray(proj["image_proj_bias"])))
+                head.text_proj.bias.copy_(torch.as_tensor(np.asarray(proj["text_proj_bias"])))
+        return head
+
+    @property
+    def tau(self) -> torch.Tensor:
+        """Dense temperature τ (scalar tensor, >= 0.01)."""
+        return self.log_tau.exp().clamp(min=0.01)
+
+    def project(self, pre: torch.Tensor, modality: str) -> torch.Tensor:
+        """pre [B, h_img or h_txt] float32 -> h [B, d] float32, L2-normalised (the tuned dense vectors)."""
+        if modality not in MODALITIES:
+            raise ValueError(f"modality {modality!r} not in {MODALITIES}")
+        lin = self.image_proj if modality == "image" else self.text_proj
+        return F.normalize(lin(pre), dim=-1)
+
+    def encode(self, pre: torch.Tensor, modality: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h [B, d] dense, z [B, |V|] sparse >= 0) of pre-projection states."""
+        h = self.project(pre, modality)
+        return h, self(h)

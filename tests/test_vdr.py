@@ -1,0 +1,184 @@
+"""VDR (issue 7): elu1p, gating, contrastive mask, both loss entries on a hand-checked batch, the
+max-pool gradient, and train-head/sparsify --method vdr end to end on small real HDF5 files with
+token and patch states (real tokenizer)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from typer.testing import CliRunner
+
+from mmsparse.cli import app
+from mmsparse.errors import InputError
+from mmsparse.formats.dense import DenseWriter
+from mmsparse.formats.sparse import read_sparse
+from mmsparse.heads import load_head
+from mmsparse.heads.vdr import DSTHead, elu1p, gate, topk_mask
+from mmsparse.methods.vdr import contrastive_mask, vdr_loss
+
+
+def test_elu1p_values_positive_and_smooth_at_zero():
+    u = torch.tensor([-3.0, -1.0, 0.0, 0.5, 2.0], requires_grad=True)
+    y = elu1p(u)
+    assert torch.allclose(y, torch.tensor([math.exp(-3), math.exp(-1), 1.0, 1.5, 3.0]))
+    assert bool((elu1p(torch.tensor([-80.0, -1e3])) >= 0).all())
+    y.sum().backward()   # d/du: e^u below 0, 1 from 0 on (continuous at 0)
+    assert torch.allclose(u.grad, torch.tensor([math.exp(-3), math.exp(-1), 1.0, 1.0, 1.0]))
+
+
+def test_gate_is_exactly_k_plus_bag_of_words():
+    v = torch.tensor([[0.9, 0.1, 0.8, 0.3, 0.7, 0.2], [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]])
+    bow = torch.tensor([[1.0, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]])   # term 0 is already in row 0's top-3
+    g = gate(v, 3, bow)
+    assert g.tolist() == [[1, 1, 1, 0, 1, 0], [0, 0, 0, 1, 1, 1]]
+    assert g.sum(1).tolist() == [3 + 1, 3]          # k plus the bag-of-words terms outside the top-k
+    assert gate(v, 3).sum(1).tolist() == [3, 3]      # images: no bag of words
+    assert topk_mask(v, 99).sum().item() == 12       # k > |V|: everything
+
+
+def test_contrastive_mask_partitions_the_unused_dimensions():
+    torch.manual_seed(0)
+    g = (torch.rand(5, 40) > 0.9).float()
+    unused = ~(g > 0).any(0)
+    m = contrastive_mask(g, torch.Generator().manual_seed(1))
+    assert bool((m.sum(0) <= 1).all())                                  # rows are disjoint
+    assert torch.equal(m.sum(0) > 0, unused)                            # union = V \ T(B), exactly
+    assert not bool((m * g).any())                                      # never a gated dimension
+    n = int(unused.sum())
+    assert set(m.sum(1).long().tolist()) <= {n // 5, -(-n // 5)}       # |V \ T(B)| / |B| each
+    m2 = contrastive_mask(g, torch.Generator().manual_seed(1))
+    assert torch.equal(m, m2)                                           # seeded: reproducible
+
+
+def _sce(logits):
+    n = len(logits)
+    rows = sum(-math.log(math.exp(logits[i][i]) / sum(math.exp(x) for x in logits[i])) for i in range(n)) / n
+    cols = sum(-math.log(math.exp(logits[j][j]) / sum(math.exp(logits[i][j]) for i in range(n))) for j in range(n)) / n
+    return rows + cols
+
+
+def test_both_loss_entries_on_a_hand_checked_batch():
+    # |V| = 4, k = 1. q0: top-1 = {0}, bow {1}; q1: top-1 = {2}, bow {2}. T(B) = {0, 1, 2}: the one
+    # unused dimension 3 goes to caption 0 (round-robin), opened in q0 and closed in image 0.
+    v_q = torch.tensor([[3.0, 1, 1, 1], [1, 1, 2, 1]])
+    v_p = torch.tensor([[1.0, 1, 1, 1], [1, 2, 2, 1]])
+    bow = torch.tensor([[0.0, 1, 0, 0], [0, 0, 1, 0]])
+    loss, parts = vdr_loss(v_q, v_p, bow, torch.tensor([0, 1]), 1, torch.tensor(1.0))
+    # q0 = [3,1,0,1]/√11, q1 = [0,0,1,0]; p0 = [1,1,1,0]/√3, p1 = [1,2,2,1]/√10
+    param = [[4 / math.sqrt(33), 6 / math.sqrt(110)], [1 / math.sqrt(3), 2 / math.sqrt(10)]]
+    nonparam = [[1 / math.sqrt(3), 2 / math.sqrt(10)], [1 / math.sqrt(3), 2 / math.sqrt(10)]]
+    assert parts["param"] == pytest.approx(_sce(param), rel=1e-5)
+    assert parts["nonparam"] == pytest.approx(_sce(nonparam), rel=1e-5)
+    assert parts["unused"] == 1
+    assert float(loss) == pytest.approx(_sce(param) + _sce(nonparam), rel=1e-5)
+    # ablations: no mask -> p0 = [1,1,1,1]/2 and q0 = [3,1,0,0]/√10; no nonparametric entry
+    _, p2 = vdr_loss(v_q, v_p, bow, torch.tensor([0, 1]), 1, torch.tensor(1.0), cts_mask=False, np_entry=False)
+    plain = [[4 / (2 * math.sqrt(10)), 5 / math.sqrt(100)], [1 / 2, 2 / math.sqrt(10)]]
+    assert p2["param"] == pytest.approx(_sce(plain), rel=1e-5) and p2["nonparam"] == 0.0
+
+
+def test_max_pool_head_matches_autograd_reference():
+    torch.manual_seed(0)
+    h = DSTHead(8, 50)
+    h.chunk = 2                                    # several padded chunks
+    x = torch.randn(5, 7, 8)
+    mask = (torch.rand(5, 7) > 0.4).float()
+    mask[:, 0] = 1
+    mask[3, 5] = 1                                 # a hole: real positions need not be a prefix
+    g = torch.randn(5, 50) * (torch.rand(5, 50) > 0.5)
+    (h(x, mask) * g).sum().backward()
+    w = h.proj.weight.detach().clone().requires_grad_()
+    b = h.proj.bias.detach().clone().requires_grad_()
+    u = F.layer_norm(x, (8,)) @ w.T + b
+    ref = elu1p(u.masked_fill(~mask.bool().unsqueeze(-1), float("-inf")).amax(1))
+    (ref * g).sum().backward()
+    assert torch.allclose(h(x, mask), ref.detach(), atol=1e-6)
+    assert torch.allclose(h.proj.weight.grad, w.grad, atol=1e-5)
+    assert torch.allclose(h.proj.bias.grad, b.grad, atol=1e-5)
+
+
+# -- end to end ------------------------------------------------------------------------------
+
+WORDS = "dog cat man woman runs jumps on grass beach snow red blue ball water".split()
+
+
+def _write_split(root, split, n_img, model, tok, seed):
+    """n_img images (4 patches, h=8) and two captions each (token states h=32, the real tokenizer's ids)."""
+    rng = np.random.default_rng(seed)
+    base = dict(backbone="hf-dual", model=str(model), dataset="unit", split=split, normalized=True)
+    protos = rng.normal(size=(len(WORDS), 8)).astype(np.float32)
+    with DenseWriter(root / f"{split}-images.h5", 16, dict(base, modality="image")) as w:
+        w.append([f"{split}-i{i}" for i in range(n_img)], rng.normal(size=(n_img, 16)).astype(np.float32))
+        texts = [[str(x) for x in rng.choice(WORDS, 4, replace=False)] for _ in range(n_img)]
+        patches = np.stack([[protos[WORDS.index(t[j])] + 0.1 * rng.normal(size=8) for j in range(4)] for t in texts])
+        w.append_extra("patch_states", patches.astype(np.float16))
+    ids, img, caps = [], [], []
+    for i, t in enumerate(texts):
+        for j in range(2):
+            ids.append(f"{split}-c{i}-{j}")
+            img.append(f"{split}-i{i}")
+            caps.append(" ".join(rng.permutation(t)[:3]))
+    enc = tok(caps, padding="max_length", max_length=10, truncation=True)
+    mask = np.asarray(enc["attention_mask"], dtype=np.uint8)
+    states = rng.normal(size=(len(caps), 10, 32)).astype(np.float16) * mask[..., None]
+    with DenseWriter(root / f"{split}-captions.h5", 16, dict(base, modality="text"), with_texts=True) as w:
+        w.append(ids, rng.normal(size=(len(ids), 16)).astype(np.float32), caps, img)
+        w.append_extra("token_states", states)
+        w.append_extra("token_mask", mask)
+        w.append_extra("token_ids", np.asarray(enc["input_ids"], dtype=np.int32))
+
+
+@pytest.fixture(scope="module")
+def vdr_run(tmp_path_factory, dual_encoder_dir):
+    from transformers import AutoTokenizer
+    from transformers import BertConfig, BertModel
+    tok = AutoTokenizer.from_pretrained(str(dual_encoder_dir))
+    root = tmp_path_factory.mktemp("vdr")
+    # the real WordPiece tokenizer with a tiny text model (ω = 32 = the token states' width, so the
+    # text tower is initialised from its embeddings; the images' h = 8 gets the random init)
+    torch.manual_seed(0)
+    tiny = BertModel(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                intermediate_size=37))
+    tiny.save_pretrained(str(root / "vocab-model"))
+    tok.save_pretrained(str(root / "vocab-model"))
+    _write_split(root, "train", 40, dual_encoder_dir, tok, 0)
+    _write_split(root, "val", 10, dual_encoder_dir, tok, 1)
+    head = root / "head"
+    r = CliRunner().invoke(app, ["train-head", str(root / "train-images.h5"), str(root / "train-captions.h5"),
+                                 "--val-images", str(root / "val-images.h5"), "--val-captions",
+                                 str(root / "val-captions.h5"), "-o", str(head), "--method", "vdr", "--epochs", "2",
+                                 "--vocab-model", str(root / "vocab-model"),
+                                 "--batch-size", "16", "--vdr-train-k", "4", "--vdr-query-k", "3", "--vdr-doc-k", "5"])
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    return root, head, tok
+
+
+def test_train_and_sparsify_vdr(vdr_run):
+    root, head_dir, tok = vdr_run
+    head = load_head(head_dir)
+    assert head.method == "vdr" and head.config["text_input"] == "token_states"
+    assert head.config["image_input"] == "patch_states" and head.config["training"]["best_epoch"] in (1, 2)
+    v = head.config["vocab_size"]
+    assert v <= len(WORDS) + 2                     # --vocab-min-df 1: only the captions' terms
+    run = CliRunner()
+    for args, name in ((["--vdr-doc-k", "4"], "img.h5"), ([], "q.h5"), (["--query-mode", "bow"], "bow.h5")):
+        src = root / ("val-images.h5" if name == "img.h5" else "val-captions.h5")
+        r = run.invoke(app, ["sparsify", str(head_dir), str(src), "-o", str(root / name), *args])
+        assert r.exit_code == 0, r.output + repr(r.exception)
+    img, q, bow = (read_sparse(root / n) for n in ("img.h5", "q.h5", "bow.h5"))
+    assert (np.diff(img.matrix.indptr) == 4).all()                       # exactly k per document
+    bm = bow.matrix.toarray()
+    assert set(np.unique(bm)) <= {0.0, 1.0}                              # VDR^α: binary bag of words
+    vocab = head.vocab
+    for row, text in zip(bm[:5], bow.texts[:5]):
+        assert {vocab[i] for i in np.flatnonzero(row)} == set(text.split())
+    qm = q.matrix.toarray()
+    assert ((qm > 0).sum(1) >= 3).all() and ((qm > 0).sum(1) <= 3 + (bm > 0).sum(1)).all()
+    assert ((bm > 0) <= (qm > 0)).all()                                  # the bag of words is always open
+    r = run.invoke(app, ["sparsify", str(head_dir), str(root / "val-captions.h5"), "-o", str(root / "x.h5"),
+                         "--query-mode", "caption-terms"])
+    assert isinstance(r.exception, InputError) and "vdr" in str(r.exception)
