@@ -11,8 +11,12 @@ Schedules after epoch e (0-based, E epochs; eq. 6 applied e times):
   p_c = min(1, e / E)                    starts at 0, +1/E per epoch
   p_v = min(1, 1 - df_v + df_v * e / E)  starts at 1 - df_v, +df_v/E per epoch
 
-Draws per batch: E_C ~ Ber(p_c) once per caption ([B, 1]: "caption-level"); E_v ~ Ber(p_v)
-once per vocabulary term ([1, |V|], shared by the batch, as Algorithm 1 indexes it by term only).
+Draws per batch, as Algorithm 1 prints them: E_C ~ Ber(p_c) once per batch (every caption of a
+batch expands, or none does) and E_v ~ Ber(p_v) once per vocabulary term ([1, |V|]).
+One E_C per batch matters: with one draw per caption, a batch mixes expanded captions (hundreds
+of terms) with caption-term-only ones, and in the image→caption softmax the expanded captions
+outscore every paired caption; on Flickr8k that drove the head to ~6 terms per image within an
+epoch of expansion starting.
 
 Caption terms: Algorithm 1 as printed multiplies a caption's own terms by E_v too
 (`mask_caption_terms=True`, only meaningful for caption-word); the prose only speaks of
@@ -21,13 +25,12 @@ controlling expansion (`mask_caption_terms=False`). See `DEFAULT_MASK_CAPTION_TE
 
 from __future__ import annotations
 
-import numpy as np
-import torch
+# torch/numpy are imported inside the methods so `train-head --help` (which reads MODES) is fast.
 
 MODES = ("none", "full", "caption", "caption-word")
 PAPER_NAMES = {"none": "exp=0", "full": "exp=1", "caption": "exp=c", "caption-word": "exp=c+w"}
 # Printed Algorithm 1: frequent caption terms (a, the, in, ...) are also dropped at random early
-# on, which keeps them from dominating queries and their long posting lists (lower FLOPs).
+# on, so queries cannot lean on them and their long posting lists.
 DEFAULT_MASK_CAPTION_TERMS = True
 
 
@@ -38,7 +41,10 @@ class ExpansionControl:
     captions (fraction of captions containing it, in [0, 1]); epochs: total epochs E.
     """
 
-    def __init__(self, mode: str, df: np.ndarray, epochs: int, mask_caption_terms: bool = DEFAULT_MASK_CAPTION_TERMS):
+    def __init__(self, mode: str, df, epochs: int, mask_caption_terms: bool = DEFAULT_MASK_CAPTION_TERMS):
+        import numpy as np
+        import torch
+
         if mode not in MODES:
             raise ValueError(f"expansion mode {mode!r} not in {MODES}")
         self.mode = mode
@@ -66,19 +72,20 @@ class ExpansionControl:
         """f_incr (eq. 6): call after each epoch."""
         self.set_epoch(self.epoch + 1)
 
-    def mask(self, caption_terms: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor | None:
+    def mask(self, caption_terms: "torch.Tensor", generator: "torch.Generator | None" = None) -> "torch.Tensor | None":
         """Bernoulli keep-mask for a batch of caption vectors.
 
         caption_terms: [B, |V|] float32 0/1, 1 where term v occurs in caption b.
         Returns [B, |V|] float32 0/1 to multiply s_C by, or None (mode full: keep everything).
         """
+        import torch
+
         if self.mode == "full":
             return None
         t = caption_terms
         if self.mode == "none":
             return t.clone()
-        b = t.shape[0]
-        e_c = (torch.rand(b, 1, generator=generator) < self.p_c).to(t.dtype)        # [B, 1]
+        e_c = (torch.rand(1, 1, generator=generator) < self.p_c).to(t.dtype)        # one per batch
         if self.mode == "caption":
             # keep = T + (1 - T) * E_C
             return t + (1.0 - t) * e_c
@@ -93,6 +100,8 @@ class ExpansionControl:
                 "mask_caption_terms": self.mask_caption_terms}
 
     def load_state_dict(self, state: dict) -> None:
+        import torch
+
         self.set_epoch(int(state["epoch"]))
         self.p_c = float(state["p_c"])
         self.p_v = torch.as_tensor(state["p_v"], dtype=torch.float32)

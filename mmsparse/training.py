@@ -37,10 +37,10 @@ from .vocab import caption_token_ids, document_frequency, indicator, pad_ids, to
 class TrainConfig:
     """Hyper-parameters of `train-head` (see its --help for units and defaults)."""
 
-    eta: float = 1e-3
+    eta: float = 3e-3
     lam: float = 0.5
     tau: float = 1e-3
-    epochs: int = 10
+    epochs: int = 6
     batch_size: int = 512
     lr: float = 1e-3
     weight_decay: float = 0.01
@@ -49,10 +49,11 @@ class TrainConfig:
     seed: int = 0
     expansion: str = "caption-word"
     mask_caption_terms: bool = DEFAULT_MASK_CAPTION_TERMS
-    warmup_steps: int = 0             # L1 (η) quadratic warm-up, optimizer steps
+    warmup_steps: int = 60            # L1 (η) quadratic warm-up, optimizer steps
     init_bias: float = 0.0
     max_val_flops: float | None = None
     pec_schedule: str = "epoch"       # epoch: eq. 6 steps after each epoch | step: same ramp per step
+    select_metric: str = "R@1"        # validation metric that picks the saved epoch
     l1_caption: str = "raw"           # raw: L1 on the unmasked s_C (eq. 7) | masked: on s̄_C
 
 
@@ -215,7 +216,7 @@ def _lr_lambda(cfg: TrainConfig, total: int) -> Callable[[int], float]:
 
 
 def _pick(history: list[dict], cfg: TrainConfig) -> int:
-    """Index of the epoch to keep: best val R@1 among epochs that ended after the L1 warm-up
+    """Index of the epoch to keep: best val `select_metric` (R@1) among epochs that ended after the L1 warm-up
     (earlier ones are not yet sparse) and, if set, under max_val_flops; with no such epoch the
     lowest-FLOPs post-warm-up epoch; without validation the last epoch."""
     if not history or "val" not in history[-1]:
@@ -223,7 +224,7 @@ def _pick(history: list[dict], cfg: TrainConfig) -> int:
     cand = [i for i, h in enumerate(history) if h["step"] >= cfg.warmup_steps] or list(range(len(history)))
     ok = [i for i in cand if cfg.max_val_flops is None or history[i]["val"]["FLOPs"] <= cfg.max_val_flops]
     if ok:
-        return max(ok, key=lambda i: (history[i]["val"]["R@1"], i))
+        return max(ok, key=lambda i: (history[i]["val"][cfg.select_metric], i))
     return min(cand, key=lambda i: history[i]["val"]["FLOPs"])
 
 

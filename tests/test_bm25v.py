@@ -161,7 +161,6 @@ def brute_bm25(tf: np.ndarray, q: np.ndarray, k1=1.5, b=0.75) -> np.ndarray:
 
 
 def test_bm25_matches_brute_force():
-    rng = np.random.default_rng(0)
     tf = sp.random(25, 40, density=0.2, random_state=1, format="csr", dtype=np.float32)
     tf.data = np.round(tf.data * 5 + 0.01, 2).astype(np.float32)
     q = sp.random(6, 40, density=0.15, random_state=2, format="csr", dtype=np.float32)
@@ -171,7 +170,6 @@ def test_bm25_matches_brute_force():
     np.testing.assert_allclose(bm25_scores(q, bm25_weights(tf, k1=0.9, b=0.3)[0]),
                                brute_bm25(tf.toarray(), q.toarray(), 0.9, 0.3), rtol=1e-5)
     assert binary(q).data.tolist() == [1.0] * q.nnz
-    del rng
 
 
 def test_index_bm25_search_exclude_self_and_rerank(tmp_path, capfd):
@@ -255,6 +253,29 @@ def test_class_folder_reader_and_qrels(tmp_path):
         Image.new("RGB", (4, 4)).save(tmp_path / "pets" / f"{nm}.jpg")
     _, lab = read_class_folder(tmp_path / "pets", labels="stem-prefix")
     assert lab["great_pyrenees_7"] == "great_pyrenees" and lab["Abyssinian_2"] == "Abyssinian"
+
+
+def test_gather_dense_takes_rows_by_file_stem(tmp_path):
+    from PIL import Image
+
+    from mmsparse.data.folders import gather_dense
+    from mmsparse.formats.dense import read_dense
+
+    rng = np.random.default_rng(0)
+    ids, ps, _ = patch_file(tmp_path / "p.h5", rng, n=6, p=2, d=4)
+    stems = [i.replace("/", "_") for i in ids]
+    with h5py.File(tmp_path / "p.h5", "a") as f:   # Karpathy-style ids: plain stems
+        del f["ids"]
+        f.create_dataset("ids", data=stems, dtype=h5py.string_dtype())
+    for c, rows in {"x": [4, 1], "y": [2]}.items():
+        (tmp_path / "set" / c).mkdir(parents=True)
+        for r in rows:
+            Image.new("RGB", (2, 2)).save(tmp_path / "set" / c / f"{stems[r]}.jpg")
+    assert gather_dense(tmp_path / "set", [tmp_path / "p.h5"], tmp_path / "g.h5") == 3
+    g = read_dense(tmp_path / "g.h5")
+    assert g.ids == [f"x/{stems[1]}", f"x/{stems[4]}", f"y/{stems[2]}"] and g.attrs["split"] == "all"
+    with h5py.File(tmp_path / "g.h5") as f:
+        assert np.array_equal(f["patch_states"][()], ps[[1, 4, 2]])
 
 
 def test_keyword_classes_rule():

@@ -196,3 +196,28 @@ def test_joint_needs_pre_projection(joint_run, tmp_path):
                                                                     "split", "normalized")})
     r = CliRunner().invoke(app, ["sparsify", str(out), str(plain), "-o", str(tmp_path / "x.h5")])
     assert isinstance(r.exception, InputError) and "pre_projection" in str(r.exception)  # -> exit 2 in the CLI
+
+
+def test_epoch_draws_one_caption_per_image():
+    from mmsparse.methods.joint import StatePairs, train_joint
+    from mmsparse.training import PairData
+    head, _ = _tiny_head()
+    n_img, caps = 6, [0, 0, 1, 2, 2, 2, 3, 4, 5, 5]
+    pairs = PairData(torch.zeros(n_img, 4), torch.zeros(len(caps), 4), torch.tensor(caps), [], [], [], {}, {})
+    pairs.token_ids = [np.array([i % 12]) for i in range(len(caps))]
+    pairs.tok = torch.tensor([[i % 12] for i in range(len(caps))])
+    data = StatePairs(pairs, torch.randn(n_img, 6), torch.randn(len(caps), 5), {})
+    seen = []
+    import mmsparse.methods.joint as J
+    orig = J.joint_loss
+
+    def spy(h_cap, h_img, *a, **k):
+        seen.append((h_cap.shape[0], h_img.shape[0]))
+        return orig(h_cap, h_img, *a, **k)
+    J.joint_loss = spy
+    try:
+        res = train_joint(head, data, None, JointConfig(epochs=2, batch_size=4, expansion="full"))
+    finally:
+        J.joint_loss = orig
+    # 6 images -> batches of 4 and 2 pairs, every image once, all distinct within a batch
+    assert seen == [(4, 4), (2, 2)] * 2 and res.finished and res.history[-1]["step"] == 4

@@ -34,24 +34,26 @@ def test_empirical_keep_rates(epoch):
     pec.set_epoch(epoch)
     g = torch.Generator().manual_seed(0)
     t = _terms(64)
-    draws = torch.stack([pec.mask(t, g) for _ in range(3000)])     # [draws, B, V]
+    draws = torch.stack([pec.mask(t, g) for _ in range(4000)])     # [draws, B, V]
     pc, pv = pec.p_c, pec.p_v.numpy()
     # own terms (0, 3) always kept; others kept with p_c * p_v
     assert torch.all(draws[:, :, [0, 3]] == 1)
     rate = draws[:, :, [1, 2, 4]].mean((0, 1)).numpy()
-    np.testing.assert_allclose(rate, pc * pv[[1, 2, 4]], atol=0.02)
-    # caption-level draw: a caption either may expand (all non-caption terms drawn) or may not
-    e_c = draws[:, :, [1, 2, 4]].amax(2)
-    assert abs(float(e_c.mean()) - pc * (1 - np.prod(1 - pv[[1, 2, 4]]))) < 0.02
+    np.testing.assert_allclose(rate, pc * pv[[1, 2, 4]], atol=0.025)
+    # one caption-level draw per batch (Algorithm 1): all captions of a batch expand or none does
+    other = draws[:, :, [1, 2, 4]]
+    assert torch.all(other.amin(1) == other.amax(1))
+    e_c = other.amax(2)
+    assert abs(float(e_c.mean()) - pc * (1 - np.prod(1 - pv[[1, 2, 4]]))) < 0.03
 
 
 def test_mask_caption_terms_flag():
     pec = ExpansionControl("caption-word", DF, epochs=4, mask_caption_terms=True)
     g = torch.Generator().manual_seed(1)
     t = _terms(64)
-    draws = torch.stack([pec.mask(t, g) for _ in range(3000)])
+    draws = torch.stack([pec.mask(t, g) for _ in range(4000)])
     own = draws[:, :, [0, 3]].mean((0, 1)).numpy()
-    np.testing.assert_allclose(own, pec.p_v.numpy()[[0, 3]], atol=0.02)     # 1.0 and 0.1
+    np.testing.assert_allclose(own, pec.p_v.numpy()[[0, 3]], atol=0.025)     # 1.0 and 0.1
     assert torch.all(draws[:, :, [1, 2, 4]] == 0)                         # p_c = 0 at epoch 0
 
 
@@ -62,11 +64,11 @@ def test_other_modes():
     assert torch.equal(ExpansionControl("none", DF, 3).mask(t, g), t)
     pec = ExpansionControl("caption", DF, 2)
     pec.set_epoch(1)                                           # p_c = 0.5, no word-level control
-    m = torch.stack([pec.mask(t, g) for _ in range(2000)])
+    m = torch.stack([pec.mask(t, g) for _ in range(4000)])
     assert torch.all(m[:, :, [0, 3]] == 1)
     rows = m[:, :, [1, 2, 4]]
     assert torch.all(rows.amin(2) == rows.amax(2))             # whole caption expands or not
-    assert abs(float(rows.mean()) - 0.5) < 0.02
+    assert abs(float(rows.mean()) - 0.5) < 0.03
 
 
 def test_state_round_trip():

@@ -12,6 +12,7 @@
 #   $(BM25V_CLASSES)/<class>/<image>.jpg   class folder (symlinks) + classes.json
 #   $(BM25V_CLASSES).qrels                 image-to-image qrels: same class = relevant, query excluded
 #   $(BM25V_DENSE)                         dense vectors + patch_states of the class folder's images
+#                                          (rows of the Flickr8k split files, BM25V_FROM; or encoded)
 #   $(WORK)/heads/bm25v/                   top-k SAE trained on the patches of $(BM25V_TRAIN)
 #                                          (Flickr8k train split; no labels are used)
 #   $(WORK)/sparse/bm25v/gallery.h5        visual words per image (sum-pool, top-16, uint16 ×100)
@@ -21,6 +22,7 @@
 #   $(WORK)/eval/{bm25v,bm25v-rerank100,bm25v-rerank200,image-dense}.json
 #   $(WORK)/eval/bm25v-table.md            R@1/5/10/100 and bytes/image, as BM25-V Table 2
 #   $(WORK)/eval/bm25v-zipf.txt, $(WORK)/plots/bm25v-zipf.png   rank-frequency fit (§5)
+#   make bm25v-dot: $(WORK)/eval/bm25v-dot.json, the same words by plain dot product (§4.4 ablation)
 #
 # Settable: BM25V_SAE_FLAGS (train-head flags), BM25V_K_POST (16), BM25V_INDEX_FLAGS,
 # BM25V_RERANK_KS (100 200), BM25V_RUN_K (results per query, 200).
@@ -32,7 +34,11 @@ BM25V_DATASET     ?= $(notdir $(BM25V_CLASSES))
 BM25V_DENSE_DIR   ?= $(WORK)/dense/$(BACKBONE)-classes
 BM25V_DENSE       := $(BM25V_DENSE_DIR)/all-images.h5
 BM25V_QRELS       := $(BM25V_CLASSES).qrels
-BM25V_TRAIN       ?= $(WORK)/dense/$(BACKBONE)-states/train-images.h5
+BM25V_STATES_DIR  ?= $(WORK)/dense/$(BACKBONE)-states
+BM25V_TRAIN       ?= $(BM25V_STATES_DIR)/train-images.h5
+# Dense files the class folder's rows are gathered from (no second encoding of the same images);
+# empty: encode the class folder itself (`encode-dense ROOT --format folder`), as for a benchmark.
+BM25V_FROM        ?= $(foreach s,train val test,$(BM25V_STATES_DIR)/$(s)-images.h5)
 # 96k training patches: more, smaller steps than the paper's 5 x 4096 (which assumes ImageNet).
 BM25V_SAE_FLAGS   ?= --sae-epochs 4 --sae-batch-size 1024 --sae-lr 1e-3 --threads 1
 BM25V_K_POST      ?= 16
@@ -54,12 +60,20 @@ $(BM25V_CLASSES)/classes.json: $(KARPATHY_JSON)
 $(BM25V_QRELS): $(BM25V_CLASSES)/classes.json
 	python -m mmsparse.data.folders qrels $(BM25V_CLASSES) -o $@ --labels $(BM25V_LABELS) --dataset $(BM25V_DATASET)
 
+ifneq ($(strip $(BM25V_FROM)),)
+# the class folder's images are Flickr8k images already encoded with --patch-states: take their rows
+$(BM25V_DENSE): $(BM25V_CLASSES)/classes.json $(BM25V_FROM)
+	python -m mmsparse.data.folders gather $(BM25V_CLASSES) $(BM25V_FROM) -o $@ --labels $(BM25V_LABELS) \
+	  --dataset $(BM25V_DATASET)
+else
 $(BM25V_DENSE): $(BM25V_CLASSES)/classes.json
 	$(MMSPARSE) encode-dense $(BM25V_CLASSES) --format folder --split all --backbone $(BACKBONE) --model $(MODEL) \
 	  --dataset $(BM25V_DATASET) --patch-states -o $(BM25V_DENSE_DIR) $(ENCODE_FLAGS)
+endif
 
-$(BM25V_TRAIN):
-	$(MMSPARSE) encode-dense $(KARPATHY_JSON) $(IMAGE_ROOT) --split train --backbone $(BACKBONE) --model $(MODEL) \
+# Flickr8k split images with patch features (the SAE's training patches; the gallery's source)
+$(BM25V_STATES_DIR)/%-images.h5:
+	$(MMSPARSE) encode-dense $(KARPATHY_JSON) $(IMAGE_ROOT) --split $* --backbone $(BACKBONE) --model $(MODEL) \
 	  --dataset $(DATASET) --patch-states -o $(@D) $(ENCODE_FLAGS)
 
 $(WORK)/heads/bm25v/config.json: $(BM25V_TRAIN)
@@ -95,3 +109,13 @@ $(WORK)/eval/bm25v-table.md: $(BM25V_EVALS) $(WORK)/index/bm25v/mmsparse.json $(
 $(WORK)/eval/bm25v-zipf.txt: $(WORK)/index/bm25v/mmsparse.json
 	@mkdir -p $(WORK)/plots
 	$(MMSPARSE) inspect $(<D) --stats --png $(WORK)/plots/bm25v-zipf.png > $@
+
+# §4.4 ablation: the same visual words scored by a plain dot product (no BM25 weighting)
+.PHONY: bm25v-dot
+bm25v-dot: $(WORK)/eval/bm25v-dot.json
+$(WORK)/index/bm25v-dot/mmsparse.json: $(WORK)/sparse/bm25v/gallery.h5
+	$(MMSPARSE) index $< -o $(@D) $(BM25V_INDEX_FLAGS)
+$(WORK)/runs/bm25v-dot.trec: $(WORK)/index/bm25v-dot/mmsparse.json $(WORK)/sparse/bm25v/gallery.h5
+	$(MMSPARSE) search $(<D) $(word 2,$^) -o $@ --k $(BM25V_RUN_K) --exclude-self --query-bits 16
+$(WORK)/eval/bm25v-dot.json: $(WORK)/runs/bm25v-dot.trec $(BM25V_QRELS)
+	$(MMSPARSE) eval $< $(BM25V_QRELS) -o $@ $(BM25V_MEASURES)

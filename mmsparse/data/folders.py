@@ -22,6 +22,7 @@ never copies; classes.json beside them lists the classes, keywords and image ids
 Command line (writes under OUT only):
     python -m mmsparse.data.folders keywords dataset_flickr8k.json IMAGE_ROOT -o OUT [--class dog=dog,dogs,puppy ...]
     python -m mmsparse.data.folders qrels ROOT -o ROOT.qrels [--labels subfolder|stem-prefix]
+    python -m mmsparse.data.folders gather ROOT DENSE.h5... -o ROOT-images.h5   (reuse encoded rows)
 """
 
 from __future__ import annotations
@@ -159,6 +160,66 @@ def build_keyword_classes(karpathy_json: str | Path, image_root: str | Path, out
     return info
 
 
+def gather_dense(root: str | Path, dense_files: list[str | Path], out: str | Path, labels: str = "subfolder",
+                 dataset: str | None = None) -> int:
+    """Write OUT, a dense image HDF5 of the class folder's images taken from already-encoded dense
+    files (same backbone and model), instead of encoding the same images again.
+
+    An image of ROOT is matched by its file stem to a row id of DENSE_FILES (e.g. Karpathy ids
+    "1000268201_693b08cb0e"); the output row id is the class-folder id ("dog/1000268201_693b08cb0e").
+    Copies `vectors` and, when every input has them, `patch_states`.
+    Attributes: the inputs' backbone/model/normalized/patch_layer, dataset = `dataset` (default
+    ROOT's name), split "all". Returns the rows written. InputError for images found in no file
+    or inputs from different backbones/models.
+    """
+    import h5py
+    import numpy as np
+
+    from ..checks import check_compatible
+    from ..formats._h5 import read_strings
+    from ..formats.dense import DenseWriter, read_dense_attrs
+
+    recs, lab = read_class_folder(root, labels)
+    want = {r.id.rsplit("/", 1)[-1]: r.id for r in recs}
+    attrs0 = read_dense_attrs(dense_files[0])
+    found: dict[str, tuple[int, int]] = {}
+    extras = ["patch_states"]
+    for n, p in enumerate(dense_files):
+        a = read_dense_attrs(p)
+        check_compatible(a, attrs0, ("backbone", "model", "modality", "patch_layer"), str(p), str(dense_files[0]),
+                         "gather from files of one backbone")
+        with h5py.File(p, "r") as f:
+            extras = [e for e in extras if e in f]
+            for row, i in enumerate(read_strings(f["ids"])):
+                if i in want and i not in found:
+                    found[i] = (n, row)
+    missing = [want[s] for s in want if s not in found]
+    if missing:
+        raise InputError(f"{missing[0]}: image not found in {', '.join(map(str, dense_files))} "
+                         f"({len(missing)} missing); encode the class folder with `mmsparse encode-dense {root}`")
+    order = [r.id.rsplit("/", 1)[-1] for r in recs]
+    keep = {k: attrs0[k] for k in ("modality", "backbone", "model", "normalized", "patch_layer") if k in attrs0}
+    keep.update(dataset=dataset or Path(root).resolve().name, split="all",
+                source=" ".join(str(Path(p).resolve()) for p in dense_files))
+    with h5py.File(dense_files[0], "r") as f0:
+        dim = int(f0["vectors"].shape[1])
+    handles = [h5py.File(p, "r") for p in dense_files]
+    try:
+        rows = {e: [] for e in ["vectors", *extras]}
+        for s in order:
+            n, row = found[s]
+            for e in rows:
+                rows[e].append(handles[n][e][row])
+        with DenseWriter(out, dim, keep) as w:
+            w.append([want[s] for s in order], np.stack(rows["vectors"]).astype(np.float32))
+            for e in extras:
+                w.append_extra(e, np.stack(rows[e]))
+    finally:
+        for h in handles:
+            h.close()
+    return len(order)
+
+
 def _parse_class(spec: str) -> tuple[str, tuple[str, ...]]:
     name, _, words = spec.partition("=")
     ws = tuple(w.strip() for w in words.split(",") if w.strip())
@@ -189,6 +250,12 @@ def main(argv: list[str] | None = None) -> None:
     q.add_argument("--labels", default="subfolder", choices=LABEL_MODES)
     q.add_argument("--dataset", default=None, help="dataset name recorded for `eval` (default: ROOT's name, as "
                    "`encode-dense ROOT` records it)")
+    g = sub.add_parser("gather", help="dense HDF5 of ROOT's images taken from already-encoded dense files")
+    g.add_argument("root")
+    g.add_argument("dense", nargs="+", help="dense image HDF5 files holding the images (ids = file stems)")
+    g.add_argument("-o", "--out", required=True)
+    g.add_argument("--labels", default="subfolder", choices=LABEL_MODES)
+    g.add_argument("--dataset", default=None, help="dataset name recorded (default: ROOT's name)")
     a = ap.parse_args(argv)
     try:
         if a.cmd == "keywords":
@@ -197,6 +264,9 @@ def main(argv: list[str] | None = None) -> None:
                                          a.split, a.max_per_class)
             print(f"{sum(info['counts'].values())} images in {len(info['counts'])} classes -> {a.out}: "
                   + ", ".join(f"{c} {n}" for c, n in info["counts"].items()), file=sys.stderr)
+        elif a.cmd == "gather":
+            n = gather_dense(a.root, a.dense, a.out, a.labels, a.dataset)
+            print(f"{n} images of {a.root} -> {a.out}", file=sys.stderr)
         else:
             from ..formats.trec import write_qrels
             _, lab = read_class_folder(a.root, a.labels)

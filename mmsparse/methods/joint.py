@@ -71,6 +71,7 @@ class JointConfig:
     init_bias: float = 0.0
     max_val_flops: float | None = None
     caption_per_image: bool = True    # epoch = each image once with one random caption (else every caption)
+    select_metric: str = "R@1"        # validation sparse metric that picks the saved epoch (training._pick)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -308,7 +309,7 @@ def run_train_head(a: dict) -> None:
                       weight_decay=a["weight_decay"], lr_warmup_steps=a["lr_warmup_steps"], lr_decay=a["lr_decay"],
                       seed=a["seed"], expansion=a["expansion"], mask_caption_terms=a["mask_caption_terms"],
                       init_bias=a["init_bias"], max_val_flops=a["max_val_flops"],
-                      caption_per_image=a["caption_per_image"])
+                      caption_per_image=a["caption_per_image"], select_metric=a.get("select_metric", "R@1"))
     at = train.pairs.attrs_cap
     training = {"backbone": at.get("backbone"), "model": at.get("model"), "dataset": at.get("dataset"),
                 "train_images": str(Path(a["train_images"]).resolve()),

@@ -104,17 +104,15 @@ class States:
         self.n = int(ds.shape[0])
         self.hidden = int(ds.shape[-1])
         self.has_mask = self.name == "token_states" and "token_mask" in self.f
-        # trim padding columns no caption uses: fewer bytes read per batch
+        # trim the trailing padding columns no caption uses: fewer bytes read per batch
         self.length = int(ds.shape[1]) if ds.ndim == 3 else 1
         if self.has_mask:
-            lens = np.zeros(self.n, dtype=np.int64)
+            end = 1
             for s in range(0, self.n, 65536):
-                lens[s:s + 65536] = self.f["token_mask"][s:s + 65536].sum(1)
-            self.length = max(1, int(lens.max(initial=1)))
-
-    @property
-    def input_kind(self) -> str:
-        return self.name
+                m = self.f["token_mask"][s:s + 65536].astype(bool)
+                if m.size:
+                    end = max(end, int((m.shape[1] - np.argmax(m[:, ::-1], axis=1))[m.any(1)].max(initial=1)))
+            self.length = end
 
     def read(self, lo: int, hi: int):
         ds = self.f[self.name]
@@ -505,7 +503,8 @@ def train_cli(a: dict) -> None:
 
         def on_step(r):
             prog.update(task, completed=r["step"], description=f"epoch {r['epoch']}/{cfg.epochs}",
-                        info=f"loss {r['loss']:.3f} (param {r['param']:.3f}, bow {r['nonparam']:.3f}) τ {r['tau']:.3f}")
+                        info=f"loss {r['loss']:.3f} (param {r['param']:.3f}, bow {r['nonparam']:.3f}) "
+                             f"τ {r['tau']:.3f}")
 
         def on_epoch(r):
             v = r.get("val")
@@ -592,5 +591,6 @@ def sparsify_cli(head_dir: Path, dense: Path, out: Path, query_mode: str | None,
     out_attrs["dense"] = str(Path(dense).resolve())
     write_sparse(out, ids, m, head.vocab, out_attrs, texts)
     nnz = np.diff(m.indptr)
-    Console(stderr=True).print(f"sparsify: {len(ids)} {attrs['modality']} rows -> {out} (vdr {mode}"
-                               + (f", k={k}" if mode != "bow" else "") + f"; {nnz.mean() if len(nnz) else 0:.1f} terms/row)")
+    kk = f", k={k}" if mode != "bow" else ""
+    Console(stderr=True).print(f"sparsify: {len(ids)} {attrs['modality']} rows -> {out} (vdr {mode}{kk}; "
+                               f"{nnz.mean() if len(nnz) else 0:.1f} terms/row)")
