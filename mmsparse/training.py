@@ -260,16 +260,9 @@ def train_d2s(head, train: PairData, val: PairData | None, cfg: TrainConfig,
     start = 0
     fp = {"config": asdict(cfg), **(fingerprint or {})}
     ckpt = Path(ckpt_dir) / "last.pt" if ckpt_dir is not None else None
-    if ckpt is not None and ckpt.is_file():
-        st = torch.load(ckpt, map_location="cpu", weights_only=False)
-        if st.get("fingerprint") != fp:
-            raise InputError(f"{ckpt}: checkpoint of a run with different settings or inputs; "
-                             "pass --restart (or delete the directory) to start over")
-        head.load_state_dict(st["model"])
-        opt.load_state_dict(st["optimizer"])
-        sched.load_state_dict(st["scheduler"])
+    st = load_checkpoint(ckpt, fp, head, opt, sched, gen)
+    if st is not None:
         pec.load_state_dict(st["pec"])
-        gen.set_state(st["rng"])
         history, best_state, start = st["history"], st["best_state"], st["epoch"]
     step = start * spe
     for epoch in range(start, cfg.epochs):
@@ -325,3 +318,20 @@ def train_d2s(head, train: PairData, val: PairData | None, cfg: TrainConfig,
                 torch.save(st, tmp)
     best = _pick(history, cfg)
     return TrainResult(best + 1, history, copy.deepcopy(best_state) if best_state else head.state_dict(), True)
+
+
+def load_checkpoint(ckpt, fingerprint: dict, head, opt, sched, gen) -> dict | None:
+    """Restore head, optimizer, scheduler and RNG from `ckpt` (a last.pt written after an epoch)
+    and return the whole checkpoint dict for method-specific state; None when there is none.
+    Raises InputError when the checkpoint was written with other settings or inputs."""
+    if ckpt is None or not ckpt.is_file():
+        return None
+    st = torch.load(ckpt, map_location="cpu", weights_only=False)
+    if st.get("fingerprint") != fingerprint:
+        raise InputError(f"{ckpt}: checkpoint of a run with different settings or inputs; "
+                         "pass --restart (or delete the directory) to start over")
+    head.load_state_dict(st["model"])
+    opt.load_state_dict(st["optimizer"])
+    sched.load_state_dict(st["scheduler"])
+    gen.set_state(st["rng"])
+    return st

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from ..atomic import atomic_path, kill_point
 from ..errors import InputError
 from ..heads.vdr import VDRHead, gate, l2n, topk_mask
+from ..training import load_checkpoint
 
 STATE_SETS = {"text": "token_states", "image": "patch_states"}
 
@@ -346,15 +347,8 @@ def train_vdr(head: VDRHead, train: Split, val: Split | None, cfg: VDRConfig,
     best_state, best, start = None, -math.inf, 0
     fp = {"config": asdict(cfg), **(fingerprint or {})}
     ckpt = Path(ckpt_dir) / "last.pt" if ckpt_dir is not None else None
-    if ckpt is not None and ckpt.is_file():
-        st = torch.load(ckpt, map_location="cpu", weights_only=False)
-        if st.get("fingerprint") != fp:
-            raise InputError(f"{ckpt}: checkpoint of a run with different settings or inputs; "
-                             "pass --restart (or delete the directory) to start over")
-        head.load_state_dict(st["model"])
-        opt.load_state_dict(st["optimizer"])
-        sched.load_state_dict(st["scheduler"])
-        gen.set_state(st["rng"])
+    st = load_checkpoint(ckpt, fp, head, opt, sched, gen)
+    if st is not None:
         history, best_state, best, start = st["history"], st["best_state"], st["best"], st["epoch"]
     step = start * spe
     for epoch in range(start, cfg.epochs):
