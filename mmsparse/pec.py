@@ -72,11 +72,15 @@ class ExpansionControl:
         """f_incr (eq. 6): call after each epoch."""
         self.set_epoch(self.epoch + 1)
 
-    def mask(self, caption_terms: "torch.Tensor", generator: "torch.Generator | None" = None) -> "torch.Tensor | None":
+    def mask(self, caption_terms: "torch.Tensor", generator: "torch.Generator | None" = None,
+             cols: "torch.Tensor | None" = None) -> "torch.Tensor | None":
         """Bernoulli keep-mask for a batch of caption vectors.
 
-        caption_terms: [B, |V|] float32 0/1, 1 where term v occurs in caption b.
-        Returns [B, |V|] float32 0/1 to multiply s_C by, or None (mode full: keep everything).
+        caption_terms: [B, |V|] float32 0/1, 1 where term v occurs in caption b; or [B, K] when
+        `cols` [K] int64 says which vocabulary columns they are (the trainer's live columns). The
+        draws are the same either way (E_v is drawn for all |V| terms, then indexed), so a masked
+        subset of columns equals the same columns of the full mask.
+        Returns [B, |V|] (or [B, K]) float32 0/1 to multiply s_C by, or None (mode full: keep everything).
         """
         import torch
 
@@ -85,11 +89,14 @@ class ExpansionControl:
         t = caption_terms
         if self.mode == "none":
             return t.clone()
-        e_c = (torch.rand(1, 1, generator=generator) < self.p_c).to(t.dtype)        # one per batch
+        # draws on the (CPU) generator, then moved: the same masks on every device
+        e_c = (torch.rand(1, 1, generator=generator) < self.p_c).to(t.device, t.dtype)        # one per batch
         if self.mode == "caption":
             # keep = T + (1 - T) * E_C
             return t + (1.0 - t) * e_c
-        e_v = (torch.rand(1, t.shape[1], generator=generator) < self.p_v).to(t.dtype)  # [1, |V|]
+        e_v = (torch.rand(1, len(self.p_v), generator=generator) < self.p_v).to(t.device, t.dtype)  # [1, |V|]
+        if cols is not None:
+            e_v = e_v[:, cols.to(t.device)]
         expand = e_c * e_v                                                            # [B, |V|]
         own = e_v if self.mask_caption_terms else torch.ones_like(e_v)
         # keep = T * own + (1 - T) * E_C * E_v, without a Python loop over |V|

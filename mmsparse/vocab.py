@@ -145,9 +145,24 @@ def indicator(padded, vocab_size: int):
     import torch
 
     padded = torch.as_tensor(padded, dtype=torch.int64)
-    m = torch.zeros(padded.shape[0], vocab_size + 1, dtype=torch.float32)
+    m = torch.zeros(padded.shape[0], vocab_size + 1, dtype=torch.float32, device=padded.device)
     m.scatter_(1, padded, 1.0)
     return m[:, :vocab_size]
+
+
+def indicator_cols(padded, cols, vocab_size: int):
+    """indicator(padded, vocab_size)[:, cols] without building the [B, |V|] matrix:
+    padded [B, L] term ids (pad = vocab_size), cols [K] int64 distinct columns -> [B, K] float32 0/1."""
+    import torch
+
+    cols = torch.as_tensor(cols)
+    dev = cols.device
+    padded = torch.as_tensor(padded, dtype=torch.int64).to(dev)
+    pos = torch.full((vocab_size + 1,), len(cols), dtype=torch.int64, device=dev)  # others -> spare column
+    pos[cols] = torch.arange(len(cols), device=dev)
+    m = torch.zeros(padded.shape[0], len(cols) + 1, dtype=torch.float32, device=dev)
+    m.scatter_(1, pos[padded], 1.0)
+    return m[:, :len(cols)]
 
 
 def document_frequency(ids: list[np.ndarray], vocab_size: int) -> np.ndarray:

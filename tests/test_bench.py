@@ -92,3 +92,14 @@ def test_bench_harness_small(tmp_path):
     meta = json.loads(out.with_suffix(".meta.json").read_text())
     assert meta["scales"]["300"]["synthetic"]["docs"] == 300
     assert "| engine |" in out.with_suffix(".md").read_text()
+
+
+@pytest.mark.parametrize("state", ["init", "sparse"])
+def test_train_bench_row(state):
+    """bench.train.measure times a real train_step and the bare projection on a tiny shape."""
+    from mmsparse.bench.train import measure
+
+    r = measure("tiny", dict(d=16, omega=8, vocab=300, batch=32), state, steps=1, warmup=0, active=5, live=60)
+    assert r["step_s"] > 0 and r["bare_projection_s"] > 0 and r["peak_rss_mb"] > 0
+    assert r["pairs_per_s"] == pytest.approx(32 / r["step_s"], rel=0.01)
+    assert r["live_columns"] <= (60 if state == "sparse" else 300)

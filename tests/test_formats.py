@@ -191,3 +191,16 @@ def test_run_and_qrels_round_trip_unicode(tmp_path, run):
     write_qrels(tmp_path / "u.qrels", qrels, meta={"split": "test"})
     assert read_qrels(tmp_path / "u.qrels") == qrels
     assert read_provenance(tmp_path / "u.qrels")["attrs"]["split"] == "test"
+
+
+def test_read_run_fast_path_equals_line_parser(tmp_path):
+    """pandas path == line-by-line path, with queries interleaved and numeric-looking ids."""
+    from mmsparse.formats import trec
+
+    p = tmp_path / "r.trec"
+    p.write_text("q1 Q0 d1 1 2.5 t\n007 Q0 10 1 1e3 t\nq1 Q0 d2 2 -1.0 t\n\n007 Q0 d1 2 0.5 t\n")
+    fast = trec._read_run_pandas(p)
+    assert fast == trec._read_run_lines(p) == {"q1": {"d1": 2.5, "d2": -1.0}, "007": {"10": 1000.0, "d1": 0.5}}
+    bad = tmp_path / "bad.trec"
+    bad.write_text("q1 Q0 d1 1 2.5 t\nq1 Q0 d2 x 1.0 t\n")
+    assert trec._read_run_pandas(bad) is None

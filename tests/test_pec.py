@@ -78,3 +78,28 @@ def test_state_round_trip():
     b = ExpansionControl("caption-word", DF, 5)
     b.load_state_dict(a.state_dict())
     assert b.p_c == a.p_c and torch.equal(b.p_v, a.p_v) and b.epoch == 2
+
+
+def test_schedule_endpoints_and_monotone():
+    """Eq. 6: p_c 0 -> 1 and p_v 1 - df -> 1 in E steps of 1/E and df/E, never decreasing, capped at 1."""
+    pec = ExpansionControl("caption-word", DF, epochs=3)
+    seen = [(pec.p_c, pec.p_v.clone())]
+    for _ in range(4):
+        pec.step_epoch()
+        seen.append((pec.p_c, pec.p_v.clone()))
+    assert seen[0][0] == 0.0 and seen[3][0] == pytest.approx(1.0) and seen[4][0] == 1.0
+    np.testing.assert_allclose(seen[3][1].numpy(), 1.0, atol=1e-6)
+    for (pa, va), (pb, vb) in zip(seen, seen[1:]):
+        assert pb >= pa and torch.all(vb >= va - 1e-7)
+    np.testing.assert_allclose((seen[1][1] - seen[0][1]).numpy(), DF / 3, atol=1e-6)
+
+
+def test_mask_on_column_subset_equals_full_mask_columns():
+    pec = ExpansionControl("caption-word", DF, epochs=4)
+    pec.set_epoch(2)
+    t = _terms(16)
+    cols = torch.tensor([4, 0, 2])
+    for seed in range(20):
+        full = pec.mask(t, torch.Generator().manual_seed(seed))
+        sub = pec.mask(t[:, cols], torch.Generator().manual_seed(seed), cols)
+        assert torch.equal(sub, full[:, cols])

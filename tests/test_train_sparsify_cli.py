@@ -147,3 +147,26 @@ def test_backbone_workspace_missing_files(tmp_path, monkeypatch):
     assert r.exit_code != 0
     msg = str(r.exception)
     assert "train-images.h5" in msg and "val-captions.h5" in msg
+
+
+def test_ablation_table_and_plot(head_dir, dense_dir, tmp_path):
+    """metrics.ablation: the rows issue 4 asks for, from real heads, matching evaluate_head."""
+    import json
+
+    from mmsparse.metrics.ablation import main
+
+    out = tmp_path / "ablation" / "table.json"
+    assert main([str(head_dir), "--images", str(dense_dir / "val-images.h5"),
+                 "--captions", str(dense_dir / "val-captions.h5"), "--qrels", str(dense_dir / "val.qrels"), "-o", str(out),
+                 "--plot", str(tmp_path / "ablation" / "fig.png")]) == 0
+    rows = json.loads(out.read_text())
+    assert len(rows) == 1
+    r = rows[0]
+    for k in ("expansion", "eta", "R@1", "R@5", "RR@10", "FLOPs", "query_terms", "doc_terms"):
+        assert k in r, k
+    assert r["expansion"] in ("none", "full", "caption", "caption-word") and r["eta"] > 0
+    assert 0 <= r["R@1"] <= r["R@5"] <= 1 and r["FLOPs"] >= 0
+    assert r["query_mode"] == ("caption-terms" if r["expansion"] == "none" else "expand")
+    assert r["FLOPs_caption-terms"] <= r["FLOPs_expand"]               # own terms are a subset
+    assert r["query_terms_caption-terms"] <= r["query_terms_expand"]
+    assert (tmp_path / "ablation" / "fig.png").read_bytes()[:4] == b"\x89PNG"

@@ -297,7 +297,9 @@ def main(
             prog.console.print(line)
             state["epoch_info"] = f"| val R@1 {v['R@1']:.3f}" if v else ""
 
-        res = train_d2s(head, train, val, cfg, ckpt_dir, fingerprint, on_step=on_step, on_epoch=on_epoch)
+        res = train_d2s(head, train, val, cfg, ckpt_dir, fingerprint, on_step=on_step, on_epoch=on_epoch,
+                        device=device)
+    head.to("cpu")
     head.load_state_dict(res.state)
     chosen = res.history[res.best_epoch - 1]
     head.config["training"].update(config={k: v for k, v in cfg.__dict__.items()}, best_epoch=res.best_epoch,

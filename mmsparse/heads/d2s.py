@@ -50,6 +50,39 @@ class _LogReluLinear(torch.autograd.Function):
         return gx, gw, gb
 
 
+class _LiveLogReluLinear(torch.autograd.Function):
+    """(s_live, cols) with s_live = log(1 + ReLU(x Wᵀ + b))[:, cols] and cols the vocabulary columns
+    positive in at least one row. Every other column is 0 in the whole batch and has zero gradient
+    (ReLU), so a loss computed on s_live alone is exact while its elementwise work, its score
+    matrices and the two backward matmuls shrink from |V| to |cols| columns (a trained head keeps a
+    few hundred to a few thousand live columns of 30k). Only the forward x Wᵀ stays full size.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        pre = torch.addmm(bias, x, weight.t())
+        cols = torch.nonzero(pre.amax(0) > 0).squeeze(1)
+        s = pre.index_select(1, cols).clamp_(min=0).log1p_() if cols.numel() < pre.shape[1] \
+            else pre.clamp_(min=0).log1p_()
+        del pre
+        ctx.save_for_backward(x, weight, s, cols)
+        ctx.mark_non_differentiable(cols)
+        return s, cols
+
+    @staticmethod
+    def backward(ctx, g, _gcols):
+        x, weight, s, cols = ctx.saved_tensors
+        gp = s.neg().exp_().mul_(s > 0).mul_(g)        # d log(1+u)/du = e^{-s}, 0 where ReLU cut
+        if cols.numel() == weight.shape[0]:
+            return gp @ weight, gp.t() @ x, gp.sum(0)
+        gw = torch.zeros_like(weight)
+        gb = torch.zeros(weight.shape[0], dtype=g.dtype, device=g.device)
+        gx = gp @ weight.index_select(0, cols)
+        gw.index_copy_(0, cols, gp.t() @ x)
+        gb.index_copy_(0, cols, gp.sum(0))
+        return gx, gw, gb
+
+
 @register_head("d2s")
 class D2SHead(SparseHead):
     """config: dim (d), vocab_size (|V|), omega (ω), vocab_source, plus `training` provenance.
@@ -85,6 +118,12 @@ class D2SHead(SparseHead):
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         return _LogReluLinear.apply(self.norm(self.w1(z)), self.w2.weight, self.w2.bias)
+
+    def forward_live(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Training forward: (s_live [B, L] float32, cols [L] int64), the outputs restricted to the
+        L vocabulary columns positive in at least one row of the batch (all others are exactly 0 in
+        forward() and get no gradient). Same loss and gradients as forward(), less work once sparse."""
+        return _LiveLogReluLinear.apply(self.norm(self.w1(z)), self.w2.weight, self.w2.bias)
 
     def save_pretrained(self, path: str | Path) -> None:
         """config.json + model.safetensors + vocab.txt (atomically), then tokenizer/."""

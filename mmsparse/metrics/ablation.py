@@ -1,0 +1,110 @@
+"""D2S expansion × η ablation (paper Table 3 / Fig. 2a): evaluate many heads on one split.
+
+    python -m mmsparse.metrics.ablation HEAD_DIR... --images test-images.h5 --captions test-captions.h5
+        -o work/ablation/table.json --plot work/ablation/flops_vs_R@1.png
+
+Each head is scored exhaustively (every caption against every image, sparse dot products) — the
+same ranking a rank-safe PISA query gives — so 16 heads take a minute. A row: head, expansion,
+eta, query_mode, R@1, R@5, R@10, RR@10 (MRR@10), FLOPs (eq. 1), query_terms and doc_terms (mean
+non-zeros per caption / image), best_epoch, train_seconds, and the same measures for both query
+modes as `R@1_expand`, `FLOPs_caption-terms`, ... The headline query mode follows training, as
+in the paper's Table 3: a head trained with expansion `none` never learned to expand captions,
+so its queries are the caption's own terms (`caption-terms`); every other head's queries are the
+full head output (`expand`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..atomic import atomic_path
+
+
+def evaluate_heads(head_dirs: list[Path], images: Path, captions: Path, qrels: Path | None = None) -> list[dict]:
+    """One row per head (see the module doc); heads must share the dense files' dimension. qrels pairs
+    captions with images when the captions file has no image_ids. Raises InputError on bad inputs."""
+    from ..heads import load_head
+    from ..heads.d2s import load_tokenizer
+    from ..training import evaluate_head, load_pairs
+
+    data = load_pairs(images, captions, qrels)
+    rows = []
+    for h in head_dirs:
+        head = load_head(h)
+        tr = head.config.get("training", {})
+        cfg = tr.get("config", {})
+        exp = cfg.get("expansion")
+        row = {"head": Path(h).name, "expansion": exp, "eta": cfg.get("eta"),
+               "query_mode": "caption-terms" if exp == "none" else "expand"}
+        for mode in ("expand", "caption-terms"):
+            if mode == "caption-terms":
+                data.tokenize(load_tokenizer(head, h))
+                data.set_columns(head.token_ids.numpy())
+            m = evaluate_head(head, data, query_mode=mode)
+            vals = {"R@1": m["R@1"], "R@5": m["R@5"], "R@10": m["R@10"], "RR@10": m["MRR@10"],
+                    "FLOPs": m["FLOPs"], "query_terms": m["q_nnz"], "doc_terms": m["d_nnz"]}
+            if mode == row["query_mode"]:
+                row.update(vals)
+            row.update({f"{k}_{mode}": x for k, x in vals.items() if k != "doc_terms"})
+        row.update(best_epoch=tr.get("best_epoch"), train_seconds=tr.get("seconds"))
+        rows.append(row)
+    return rows
+
+
+def plot_ablation(rows: list[dict], path: Path, measure: str = "R@1") -> None:
+    """FLOPs (log x) vs `measure` (%), one line per expansion mode through its η values (Fig. 2a)."""
+    from .plots import _figure, _save
+    from ..pec import PAPER_NAMES
+
+    fig, ax = _figure()
+    for mode in PAPER_NAMES:
+        pts = sorted((r["FLOPs"], r[measure], r["eta"]) for r in rows if r["expansion"] == mode and r["FLOPs"] > 0)
+        if not pts:
+            continue
+        ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker="o", label=f"{mode} ({PAPER_NAMES[mode]})")
+        for x, y, eta in pts:
+            ax.annotate(f"η={eta:g}", (x, 100 * y), textcoords="offset points", xytext=(3, 3), fontsize=6)
+    ax.set_xscale("log")
+    ax.set_xlabel("FLOPs (mean shared terms per query-image pair)")
+    ax.set_ylabel(f"{measure} (%)")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    _save(fig, Path(path))
+
+
+def markdown(rows: list[dict]) -> str:
+    head = ("| expansion | η | queries | R@1 | R@5 | RR@10 | FLOPs | query terms | doc terms |\n"
+            "|---|---:|---|---:|---:|---:|---:|---:|---:|\n")
+    return head + "".join(
+        f"| {r['expansion']} | {r['eta']:g} | {r['query_mode']} | {100 * r['R@1']:.2f} | {100 * r['R@5']:.2f} | {100 * r['RR@10']:.2f} "
+        f"| {r['FLOPs']:.2f} | {r['query_terms']:.1f} | {r['doc_terms']:.1f} |\n" for r in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("heads", nargs="+", type=Path, help="D2S head directories")
+    ap.add_argument("--images", type=Path, required=True, help="dense HDF5 of the evaluation images")
+    ap.add_argument("--captions", type=Path, required=True, help="dense HDF5 of the evaluation captions")
+    ap.add_argument("--qrels", type=Path, help="caption id -> image id qrels, if the captions file has no image_ids")
+    ap.add_argument("-o", "--out", type=Path, required=True, help="table JSON (a list of rows)")
+    ap.add_argument("--plot", type=Path, help="PNG of FLOPs vs R@1 (Fig. 2a)")
+    a = ap.parse_args(argv)
+    rows = evaluate_heads(a.heads, a.images, a.captions, a.qrels)
+    order = {m: i for i, m in enumerate(("none", "full", "caption", "caption-word"))}
+    rows.sort(key=lambda r: (order.get(r["expansion"], 9), -(r["eta"] or 0)))
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(a.out) as tmp:
+        Path(tmp).write_text(json.dumps(rows, indent=1))
+    md = markdown(rows)
+    with atomic_path(a.out.with_suffix(".md")) as tmp:
+        Path(tmp).write_text(md)
+    if a.plot:
+        plot_ablation(rows, a.plot)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
