@@ -170,8 +170,8 @@ def measure(name: str, shape: dict, state: str, steps: int, warmup: int, active:
     bare_s = _median_time(bare, steps, warmup)
     return {"shape": name, "state": state, "d": shape["d"], "omega": shape["omega"], "vocab": v,
             "batch": B, "rows": rows, "active_terms_per_row": round(active_per_row, 1), "live_columns": live_cols,
-            "threads": torch.get_num_threads(), "step_s": round(step_s, 4),
-            "pairs_per_s": round(B / step_s, 1), "bare_projection_s": round(bare_s, 4),
+            "threads": torch.get_num_threads(), "step_s": round(step_s, 6),
+            "pairs_per_s": round(B / step_s, 1), "bare_projection_s": round(bare_s, 6),
             "bare_pairs_per_s": round(B / bare_s, 1), "step_over_bare": round(step_s / bare_s, 3),
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
 
