@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 
 import h5py
 import numpy as np
@@ -14,7 +13,6 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-from mmsparse import cli
 from mmsparse.data.folders import class_qrels, keyword_classes, read_class_folder
 from mmsparse.errors import InputError
 from mmsparse.formats.dense import write_dense
@@ -32,20 +30,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
-
-
-def run_cli(capfd, *args):
-    old = sys.argv
-    sys.argv = ["mmsparse", *map(str, args)]
-    try:
-        cli.main()
-        code = 0
-    except SystemExit as e:
-        code = e.code or 0
-    finally:
-        sys.argv = old
-    out, err = capfd.readouterr()
-    return code, out, err
 
 
 def patch_file(path, rng, n=37, p=4, d=8, clusters=3):
@@ -172,7 +156,7 @@ def test_bm25_matches_brute_force():
     assert binary(q).data.tolist() == [1.0] * q.nnz
 
 
-def test_index_bm25_search_exclude_self_and_rerank(tmp_path, capfd):
+def test_index_bm25_search_exclude_self_and_rerank(tmp_path, run_cli):
     rng = np.random.default_rng(3)
     n, v = 40, 50
     tf = sp.random(n, v, density=0.15, random_state=4, format="csr", dtype=np.float32)
@@ -188,14 +172,14 @@ def test_index_bm25_search_exclude_self_and_rerank(tmp_path, capfd):
     dense = rng.normal(size=(n, 6)).astype(np.float32)
     write_dense(tmp_path / "d.h5", ids, dense, {"modality": "image", "backbone": "b", "model": "m",
                                                 "dataset": "toy", "split": "all", "normalized": False})
-    code, _, err = run_cli(capfd, "index", tmp_path / "g.h5", "-o", tmp_path / "ix", "--weighting", "bm25",
+    code, _, err = run_cli("index", tmp_path / "g.h5", "-o", tmp_path / "ix", "--weighting", "bm25",
                            "--quant-bits", "16")
     assert code == 0, err
     meta = json.loads((tmp_path / "ix" / "mmsparse.json").read_text())
     assert meta["weighting"]["scheme"] == "bm25" and meta["source"] == str((tmp_path / "g.h5").resolve())
     assert read_sparse(tmp_path / "ix" / "forward.h5").matrix.nnz == tf.nnz
 
-    code, _, err = run_cli(capfd, "search", tmp_path / "ix", tmp_path / "g.h5", "-o", tmp_path / "r.trec",
+    code, _, err = run_cli("search", tmp_path / "ix", tmp_path / "g.h5", "-o", tmp_path / "r.trec",
                            "--k", 5, "--exclude-self")
     assert code == 0, err
     run = read_run(tmp_path / "r.trec")
@@ -207,7 +191,7 @@ def test_index_bm25_search_exclude_self_and_rerank(tmp_path, capfd):
         others = np.delete(brute[qi], qi)
         assert min(run[q].values()) >= np.sort(others)[-5] * (1 - 2e-3)
 
-    code, _, err = run_cli(capfd, "search", tmp_path / "ix", tmp_path / "g.h5", "-o", tmp_path / "rr.trec",
+    code, _, err = run_cli("search", tmp_path / "ix", tmp_path / "g.h5", "-o", tmp_path / "rr.trec",
                            "--k", 3, "--exclude-self", "--rerank-dense", tmp_path / "d.h5", "--rerank-k", 10)
     assert code == 0, err
     rr = read_run(tmp_path / "rr.trec")
@@ -290,22 +274,22 @@ def test_keyword_classes_rule():
 
 # -- CLI: train-head --method sae, sparsify --method bm25v -------------------------------------------
 
-def test_train_and_sparsify_cli(tmp_path, capfd):
+def test_train_and_sparsify_cli(tmp_path, run_cli):
     rng = np.random.default_rng(5)
     ids, _, _ = patch_file(tmp_path / "p.h5", rng, n=30, p=4, d=8)
-    code, _, err = run_cli(capfd, "train-head", "--method", "sae", tmp_path / "p.h5", "-o", tmp_path / "sae",
+    code, _, err = run_cli("train-head", "--method", "sae", tmp_path / "p.h5", "-o", tmp_path / "sae",
                            "--sae-k", 3, "--sae-expansion", 4, "--sae-epochs", 2, "--sae-batch-size", 16,
                            "--sae-buffer-images", 8, "--threads", 1)
     assert code == 0, err
     cfg = json.loads((tmp_path / "sae" / "config.json").read_text())
     assert cfg["method"] == "sae" and cfg["vocab_size"] == 32 and cfg["k"] == 3
-    code, _, err = run_cli(capfd, "sparsify", "--method", "bm25v", tmp_path / "sae", tmp_path / "p.h5",
+    code, _, err = run_cli("sparsify", "--method", "bm25v", tmp_path / "sae", tmp_path / "p.h5",
                            "-o", tmp_path / "g.h5", "--k-post", 5)
     assert code == 0, err
     col = read_sparse(tmp_path / "g.h5")
     assert col.ids == ids and col.vocab[7] == "vw00007" and col.attrs["method"] == "bm25v"
     assert (col.nnz_per_row <= 5).all() and (col.nnz_per_row >= 3).all()
     assert np.allclose(col.matrix.data * 100, np.rint(col.matrix.data * 100), atol=1e-3)  # uint16 ×100 grid
-    code, _, err = run_cli(capfd, "sparsify", "--method", "bm25v", tmp_path / "sae", tmp_path / "g.h5",
+    code, _, err = run_cli("sparsify", "--method", "bm25v", tmp_path / "sae", tmp_path / "g.h5",
                            "-o", tmp_path / "x.h5")
     assert code == 2 and "sparse" in err or "patch_states" in err

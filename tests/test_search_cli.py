@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import numpy as np
 import pytest
@@ -16,21 +15,6 @@ from mmsparse.formats.trec import read_run
 
 V = 200
 VOCAB = ["##ing", "Dog", ".", "[SEP]"] + [f"w{j}" for j in range(V - 4)]
-
-
-def run_cli(capfd, *args) -> tuple[int, str, str]:
-    """Run `mmsparse ARGS` in-process through cli.main (exit codes, one-line errors)."""
-    old = sys.argv
-    sys.argv = ["mmsparse", *map(str, args)]
-    try:
-        cli.main()
-        code = 0
-    except SystemExit as e:
-        code = e.code or 0
-    finally:
-        sys.argv = old
-    out, err = capfd.readouterr()
-    return code, out, err
 
 
 def sparse_file(path, rng, n, nnz, modality, empty=(), vocab=VOCAB, prefix=None):
@@ -77,12 +61,12 @@ def pisa_dir(files, tmp_path_factory):
     return d / "pisa_idx"
 
 
-def test_index_and_search_sparse(files, pisa_dir, capfd):
+def test_index_and_search_sparse(files, pisa_dir, run_cli):
     d, (_, D), (q_ids, Q), *_ = files
     meta = json.loads((pisa_dir / "mmsparse.json").read_text())
     assert meta["kind"] == "pisa" and meta["quantization"]["bits"] == 10 and meta["num_docs"] == 150
     before = {p: p.stat().st_mtime_ns for p in pisa_dir.rglob("*")}
-    code, _, err = run_cli(capfd, "search", pisa_dir, d / "txt.h5", "-o", d / "run.trec", "--k", 5)
+    code, _, err = run_cli("search", pisa_dir, d / "txt.h5", "-o", d / "run.trec", "--k", 5)
     assert code == 0, err
     assert {p: p.stat().st_mtime_ns for p in pisa_dir.rglob("*")} == before  # search never writes the index
     assert "1 queries had empty sparse vectors" in err
@@ -99,11 +83,11 @@ def test_index_and_search_sparse(files, pisa_dir, capfd):
     assert line[1] == "Q0" and line[3] == "1" and line[5] == "mmsparse-pisa"
 
 
-def test_search_dense_faiss(files, capfd):
+def test_search_dense_faiss(files, run_cli):
     d, *_, (doc_ids, X), (q_ids, Xq) = files
-    code, _, err = run_cli(capfd, "index", d / "img_dense.h5", "-o", d / "flat")
+    code, _, err = run_cli("index", d / "img_dense.h5", "-o", d / "flat")
     assert code == 0, err
-    code, _, err = run_cli(capfd, "search", d / "flat", d / "txt_dense.h5", "-o", d / "dense.trec", "--k", 3)
+    code, _, err = run_cli("search", d / "flat", d / "txt_dense.h5", "-o", d / "dense.trec", "--k", 3)
     assert code == 0, err
     run = read_run(d / "dense.trec")
     exact = Xq @ X.T
@@ -113,7 +97,7 @@ def test_search_dense_faiss(files, capfd):
         np.testing.assert_allclose(sorted(run[q].values(), reverse=True), exact[i, top], rtol=1e-4)
 
 
-def test_seismic_and_hnsw_engines(files, capfd):
+def test_seismic_and_hnsw_engines(files, run_cli):
     pytest.importorskip("seismic")
     d, (doc_ids, D), (q_ids, Q), _, (_, X), (_, Xq) = files
     for args in (["index", d / "img.h5", "-o", d / "seis", "--engine", "seismic"],
@@ -121,7 +105,7 @@ def test_seismic_and_hnsw_engines(files, capfd):
                   "--query-cut", 30],
                  ["index", d / "img_dense.h5", "-o", d / "hnsw", "--hnsw", "--hnsw-m", 8],
                  ["search", d / "hnsw", d / "txt_dense.h5", "-o", d / "hnsw.trec", "--k", 5, "--ef-search", 64]):
-        code, _, err = run_cli(capfd, *args)
+        code, _, err = run_cli(*args)
         assert code == 0, err
     seis, hnsw = read_run(d / "seis.trec"), read_run(d / "hnsw.trec")
     exact, dense = (Q @ D.T).toarray(), Xq @ X.T
@@ -134,9 +118,9 @@ def test_seismic_and_hnsw_engines(files, capfd):
     assert json.loads((d / "seis" / "mmsparse.json").read_text())["kind"] == "seismic"
 
 
-def test_two_stage_and_pruning(files, pisa_dir, capfd):
+def test_two_stage_and_pruning(files, pisa_dir, run_cli):
     d, (doc_ids, D), (q_ids, Q), (_, CT), *_ = files
-    code, _, err = run_cli(capfd, "search", pisa_dir, d / "txt.h5", "-o", d / "two.trec", "--k", 5,
+    code, _, err = run_cli("search", pisa_dir, d / "txt.h5", "-o", d / "two.trec", "--k", 5,
                            "--mode", "two-stage", "--first-stage", d / "txt_ct.h5", "--candidates", 1000)
     assert code == 0, err
     run = read_run(d / "two.trec")
@@ -153,17 +137,17 @@ def test_two_stage_and_pruning(files, pisa_dir, capfd):
             assert score == pytest.approx(exact[i, j], rel=1e-5)
         want = np.sort(exact[i, cand])[::-1][:5]
         np.testing.assert_allclose(sorted(run[q].values(), reverse=True), want, rtol=1e-5)
-    code, _, err = run_cli(capfd, "search", pisa_dir, d / "txt.h5", "-o", d / "few.trec", "--k", 5,
+    code, _, err = run_cli("search", pisa_dir, d / "txt.h5", "-o", d / "few.trec", "--k", 5,
                            "--mode", "two-stage", "--first-stage", d / "txt_ct.h5", "--candidates", 3)
     assert code == 0, err
     assert max(len(r) for r in read_run(d / "few.trec").values()) == 3
-    code, _, err = run_cli(capfd, "search", pisa_dir, d / "txt.h5", "-o", d / "pruned.trec", "--k", 5,
+    code, _, err = run_cli("search", pisa_dir, d / "txt.h5", "-o", d / "pruned.trec", "--k", 5,
                            "--query-top-n", 3, "--min-weight", 0.2)
     assert code == 0, err
     assert len(read_run(d / "pruned.trec")) == len(q_ids) - 1
 
 
-def test_bad_inputs_exit_2_one_line(files, pisa_dir, tmp_path, capfd):
+def test_bad_inputs_exit_2_one_line(files, pisa_dir, tmp_path, run_cli):
     d = files[0]
     cases = [
         (["search", tmp_path / "nope", d / "txt.h5"], "index not found"),
@@ -175,18 +159,18 @@ def test_bad_inputs_exit_2_one_line(files, pisa_dir, tmp_path, capfd):
     ]
     for args, msg in cases:
         out = tmp_path / "out.trec"
-        code, _, err = run_cli(capfd, *args, "-o", out)
+        code, _, err = run_cli(*args, "-o", out)
         assert code == 2, (args, err)
         assert len(err.strip().splitlines()) == 1 and msg in err, err
         assert not out.exists()
     # a query vocab that differs from the index vocab
     other = ["x"] + VOCAB[1:]
     sparse_file(tmp_path / "other.h5", np.random.default_rng(0), 3, 5, "text", vocab=other)
-    code, _, err = run_cli(capfd, "search", pisa_dir, tmp_path / "other.h5", "-o", tmp_path / "o.trec")
+    code, _, err = run_cli("search", pisa_dir, tmp_path / "other.h5", "-o", tmp_path / "o.trec")
     assert code == 2 and "vocab" in err and not (tmp_path / "o.trec").exists()
 
 
-def test_help_states_defaults(capfd):
+def test_help_states_defaults(run_cli):
     for cmd in ("index", "search"):
-        code, out, _ = run_cli(capfd, cmd, "--help")
+        code, out, _ = run_cli(cmd, "--help")
         assert code == 0 and "default" in out.lower()
