@@ -186,9 +186,9 @@ def main(
     import numpy as np
     import torch
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..heads.d2s import D2SHead
+    from ..progress import epoch_progress
     from ..training import TrainConfig, load_pairs, train_d2s
     from ..vocab import load_vocab_model, vocab_from_dense_attrs
 
@@ -279,14 +279,11 @@ def main(
     fingerprint = {"inputs": training, "vocab_size": len(voc.terms), "n_captions": len(train.cap_ids)}
     spe = -(-len(train.cap_ids) // batch_size)
     t0 = time.time()
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=err) as prog:
-        task = prog.add_task("epoch 1", total=spe * epochs, info="")
+    with epoch_progress(err, spe * epochs, epochs) as (prog, update):
         state = {"epoch_info": ""}
 
         def on_step(r):
-            prog.update(task, completed=r["step"], description=f"epoch {r['epoch']}/{epochs}",
-                        info=f"loss {r['loss']:.3f} FLOPs~{r['flops']:.1f} {state['epoch_info']}")
+            update(r, f"loss {r['loss']:.3f} FLOPs~{r['flops']:.1f} {state['epoch_info']}")
 
         def on_epoch(r):
             v = r.get("val", {})

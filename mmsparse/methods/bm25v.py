@@ -104,10 +104,10 @@ def train_cli(train_images: Path | None, out: Path, k: int, expansion: int, lam:
 
     import torch
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..formats.dense import read_dense_attrs
     from ..heads.sae import SAEHead, SAETrainConfig, patch_shape, train_sae
+    from ..progress import epoch_progress
 
     if train_images is None:
         raise InputError("train-head --method sae: missing TRAIN_IMAGES (a dense image HDF5 with patch_states)")
@@ -127,13 +127,10 @@ def train_cli(train_images: Path | None, out: Path, k: int, expansion: int, lam:
     err.print(f"train-head sae: {n} images x {p - patch_skip} patches, D={d}, vocabulary eD={head.config['vocab_size']}"
               f" visual words, k={k}, λ={lam}")
     t0 = time.time()
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.fields[info]}"), console=err) as prog:
-        task = prog.add_task("SAE", total=None, info="")
+    with epoch_progress(err, None, epochs, first="SAE") as (prog, update):
 
         def on_step(r):
-            prog.update(task, total=r["total"], completed=r["step"], description=f"epoch {r['epoch']}/{epochs}",
-                        info=f"loss {r['loss']:.4f}")
+            update(r, f"loss {r['loss']:.4f}")
 
         def on_epoch(r):
             prog.console.print(f"epoch {r['epoch']}: loss {r['loss']:.4f} rel. mse {r['rel_mse']:.3f} "

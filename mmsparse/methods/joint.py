@@ -281,10 +281,10 @@ def run_train_head(a: dict) -> None:
     """`train-head --method joint`: `a` holds train_head.main's (resolved) arguments."""
     import numpy as np
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..checks import check_compatible
     from ..heads.joint import JointHead
+    from ..progress import epoch_progress
     from ..vocab import load_vocab_model, vocab_from_dense_attrs
 
     err = Console(stderr=True)
@@ -331,13 +331,10 @@ def run_train_head(a: dict) -> None:
     spe = -(-(len(set(train.pairs.cap_img.tolist())) if cfg.caption_per_image else len(train.pairs.cap_ids))
             // cfg.batch_size)
     t0 = time.time()
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=err) as prog:
-        task = prog.add_task("epoch 1", total=spe * cfg.epochs, info="")
+    with epoch_progress(err, spe * cfg.epochs, cfg.epochs) as (prog, update):
 
         def on_step(r):
-            prog.update(task, completed=r["step"], description=f"epoch {r['epoch']}/{cfg.epochs}",
-                        info=f"loss {r['loss']:.3f} FLOPs~{r['flops']:.1f}")
+            update(r, f"loss {r['loss']:.3f} FLOPs~{r['flops']:.1f}")
 
         def on_epoch(r):
             vs, vd = r.get("val"), r.get("val_dense")

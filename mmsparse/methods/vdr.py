@@ -425,10 +425,10 @@ def train_cli(a: dict) -> None:
     import shutil
 
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..checks import check_compatible
     from ..formats.dense import read_dense_attrs
+    from ..progress import epoch_progress
     from ..vocab import load_vocab_model, to_columns, vocab_from_dense_attrs
 
     err = Console(stderr=True)
@@ -491,14 +491,10 @@ def train_cli(a: dict) -> None:
                    "k_query": a["vdr_query_k"], "k_doc": a["vdr_doc_k"]}
     spe = -(-train.captions.n // cfg.batch_size)
     t0 = time.time()
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=err) as prog:
-        task = prog.add_task("epoch 1", total=spe * cfg.epochs, info="")
+    with epoch_progress(err, spe * cfg.epochs, cfg.epochs) as (prog, update):
 
         def on_step(r):
-            prog.update(task, completed=r["step"], description=f"epoch {r['epoch']}/{cfg.epochs}",
-                        info=f"loss {r['loss']:.3f} (param {r['param']:.3f}, bow {r['nonparam']:.3f}) "
-                             f"τ {r['tau']:.3f}")
+            update(r, f"loss {r['loss']:.3f} (param {r['param']:.3f}, bow {r['nonparam']:.3f}) τ {r['tau']:.3f}")
 
         def on_epoch(r):
             v = r.get("val")
