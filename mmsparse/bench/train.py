@@ -140,10 +140,6 @@ def measure(name: str, shape: dict, state: str, steps: int, warmup: int, active:
         train_step(head, data, perm[b * B:(b + 1) * B], pec, gen, cfg, cfg.eta, opt, sched)
 
     rows_u = [len(torch.unique(data.cap_img[perm[b * B:(b + 1) * B]])) for b in range(3)]
-    with torch.no_grad():
-        s = head(torch.cat([data.z_cap[perm[:B]], data.z_img[:rows_u[0]]]))
-        active_per_row = float((s > 0).sum(1).float().mean())
-        live_cols = int((s > 0).any(0).sum())
     if state == "epoch1":  # the first epoch of a real run: η warm-up, the head turning sparse
         from ..losses import eta_at
         pec.set_epoch(0)
@@ -156,6 +152,11 @@ def measure(name: str, shape: dict, state: str, steps: int, warmup: int, active:
         step_s = sum(times) / len(times)
     else:
         step_s = _median_time(step, steps, warmup)
+    head.eval()
+    with torch.no_grad():  # after the timed steps: for epoch1, the head the epoch ended with
+        s = head(torch.cat([data.z_cap[perm[:B]], data.z_img[:rows_u[0]]]))
+        active_per_row = float((s > 0).sum(1).float().mean())
+        live_cols = int((s > 0).any(0).sum())
 
     rows = B + int(np.mean(rows_u))
     x = torch.randn(rows, shape["omega"], requires_grad=True)
