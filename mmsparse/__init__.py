@@ -1,12 +1,20 @@
-"""mmsparse: multimodal learned sparse retrieval from dense vision-language vectors.
+"""mmsparse: multimodal learned sparse retrieval.
 
-Library layer (importable without the CLI):
-  mmsparse.formats   dense/sparse HDF5, TREC runs and qrels
-  mmsparse.data      dataset readers (Karpathy split JSON, ...)
-  mmsparse.backbones dense encoders (hf-dual, blip, ...)
-  mmsparse.heads     sparse projection heads and their losses (D2S, ...)
-  mmsparse.indexes   PISA (sparse) and Faiss (dense) indexes
-  mmsparse.metrics   ir-measures effectiveness, FLOPs and sparsity
+The stages are importable functions (see mmsparse.api): encode_dense, train_head, load_head,
+sparsify, build_index, search, evaluate, inspect_terms. They load on first use, so importing
+the package is cheap.
 """
 
-__version__ = "0.1.0"
+from ._version import __version__
+
+_API = ("encode_dense", "train_head", "load_head", "sparsify", "build_index", "search", "evaluate",
+        "inspect_terms", "evaluate_table", "inspect_provenance")
+
+__all__ = ["__version__", *_API]
+
+
+def __getattr__(name: str):
+    if name in _API:
+        from . import api
+        return getattr(api, name)
+    raise AttributeError(f"module 'mmsparse' has no attribute {name!r}")

@@ -27,37 +27,24 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-# Path parameters that name outputs, not inputs (so do names ending in _out); every other
-# existing Path argument is recorded as an input.
-OUTPUT_PARAMS = {"out", "per_query", "plot", "html_out", "png"}
-
-
 _ENTRY: dict = {"argv": None}  # set by main(): the process's own command line is the one to record
 
 
 def _recorded(func):
-    """Wrap a command so its existing input paths (and --seed) are registered for provenance
-    before it runs (provenance.begin) and forgotten after; typer sees the original signature."""
+    """Run a command inside a provenance recording whose command is the user's shell line; the
+    API function the command calls registers its own inputs (provenance.recorded)."""
     @functools.wraps(func)
     def run(*args, **kwargs):
         from . import provenance
 
-        inputs = []
-        for name, v in kwargs.items():
-            if name in OUTPUT_PARAMS or name.endswith("_out"):
-                continue
-            for x in (v if isinstance(v, (list, tuple)) else [v]):
-                if isinstance(x, Path):
-                    inputs.append(x)
-        # argv is the user's command line only under main(); else rebuild it from click's context
         argv = _ENTRY["argv"]
         command = (" ".join(shlex.quote(a) for a in ["mmsparse", *argv]) if argv is not None
-                   else provenance.click_command_line())
-        provenance.begin(inputs, seed=kwargs.get("seed"), command=command)
-        try:
+                   else _click_command_line())
+        # TRANSITION: commands not yet calling a recorded API function still get their Path inputs
+        inputs = [x for k, v in kwargs.items() if k != "out" and not k.endswith("_out")
+                  for x in (v if isinstance(v, (list, tuple)) else [v]) if isinstance(x, Path)]
+        with provenance.recording(inputs, seed=kwargs.get("seed"), command=command):
             return func(*args, **kwargs)
-        finally:
-            provenance.begin()
     return run
 
 
@@ -68,6 +55,36 @@ app.command("index", no_args_is_help=True)(_recorded(index.main))
 app.command("search", no_args_is_help=True)(_recorded(search.main))
 app.command("eval", no_args_is_help=True)(_recorded(eval_cmd.main))
 app.command("inspect", no_args_is_help=True)(_recorded(inspect.main))
+
+
+def _click_command_line() -> str | None:
+    """`mmsparse SUBCOMMAND ARGS...` rebuilt from the running click context (arguments, and the
+    options that differ from their defaults): the command line under typer's CliRunner, where
+    there is no process argv of ours. None outside a context; never raises."""
+    try:
+        try:  # typer >= 0.16 vendors its own click
+            from typer._click.globals import get_current_context
+        except ImportError:
+            from click import get_current_context
+        ctx = get_current_context(silent=True)
+        if ctx is None:
+            return None
+        parts = ["mmsparse", ctx.info_name or ""]
+        for p in ctx.command.params:
+            v = ctx.params.get(p.name)
+            if v is None or v == p.default or (v in ((), []) and not p.default):
+                continue
+            vals = list(v) if isinstance(v, (list, tuple)) else [v]
+            if "argument" in type(p).__name__.lower():
+                parts += [str(x) for x in vals]
+            elif getattr(p, "is_flag", False):
+                parts.append(p.opts[0] if v else (p.secondary_opts or [p.opts[0]])[0])
+            else:
+                for x in vals:
+                    parts += [p.opts[0], str(x)]
+        return " ".join(shlex.quote(a) for a in parts)
+    except Exception:  # noqa: BLE001 — provenance must never break a command
+        return None
 
 
 def one_line(msg: str) -> str:

@@ -12,68 +12,106 @@ annotations|images|model|..., "sha256": content hash} (directories: hash over th
 hashes; large directories such as image folders or models: "manifest_sha256" over names, sizes
 and modification times instead).
 
-The CLI registers each command's input paths before it runs (`begin`, called by mmsparse.cli;
-`add_inputs` for inputs a command finds itself), so the writers' `stamp()` records them.
+Every API function runs inside `recording` (the `recorded` decorator registers its input
+paths; `add_inputs` adds inputs a stage finds itself), so the writers' `stamp()` records them
+whether the stage was started from the shell or from Python.
 `chain(path)` / `format_chain` walk the record back to the images and captions
 (`mmsparse inspect --provenance FILE`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
 import hashlib
+import inspect
 import json
 import shlex
 import sys
 from pathlib import Path
+from typing import Callable, Iterator
 
-from . import __version__
+from ._version import __version__
 
 # directories above this total size get a manifest hash (names, sizes, mtimes), not a content hash
 CONTENT_HASH_DIR_LIMIT = 64 << 20
 SIDECAR = ".meta.json"
 
-_state: dict = {"inputs": [], "seed": None, "command": None}
+_current: contextvars.ContextVar = contextvars.ContextVar("mmsparse_provenance", default=None)
 _hash_cache: dict[tuple, str] = {}
 
 
 def command_line() -> str:
-    """The command line of the running command, shell-quoted (as a user could paste it): the
-    process's argv under the `mmsparse` script, else (CliRunner, Python API) the one registered
-    by `begin(command=...)`."""
-    if _state.get("command"):
-        return _state["command"]
+    """The command line of the running stage: the one its `recording` was given (the shell line
+    under the `mmsparse` script, the Python call under the API), else the process's argv."""
+    st = _current.get()
+    if st and st.get("command"):
+        return st["command"]
     if not sys.argv:
         return ""
     return " ".join(shlex.quote(a) for a in [Path(sys.argv[0]).name or "python", *sys.argv[1:]])
 
 
-def click_command_line() -> str | None:
-    """`mmsparse SUBCOMMAND ARGS...` rebuilt from the running click context (arguments, and the
-    options that differ from their defaults), or None outside one. Never raises."""
+@contextlib.contextmanager
+def recording(inputs=(), seed: int | None = None, command: str | None = None) -> Iterator[dict]:
+    """Record one stage: the writers' `stamp()` / `record()` inside the block carry `inputs`
+    (paths, or (path, kind) pairs; missing paths are skipped), `seed` and `command`. An inner
+    recording without a command keeps the outer one's (the CLI sets the shell line, then the API
+    function it calls records its inputs). Context-local, so threads and asyncio tasks do not mix."""
+    outer = _current.get() or {}
+    state = {"inputs": [], "seed": seed, "command": command or outer.get("command")}
+    token = _current.set(state)
     try:
-        try:  # typer >= 0.16 vendors its own click
-            from typer._click.globals import get_current_context
-        except ImportError:
-            from click import get_current_context
-        ctx = get_current_context(silent=True)
-        if ctx is None:
-            return None
-        parts = ["mmsparse", ctx.info_name or ""]
-        for p in ctx.command.params:
-            v = ctx.params.get(p.name)
-            if v is None or v == p.default or (v in ((), []) and not p.default):
-                continue
-            vals = list(v) if isinstance(v, (list, tuple)) else [v]
-            if "argument" in type(p).__name__.lower():
-                parts += [str(x) for x in vals]
-            elif getattr(p, "is_flag", False):
-                parts.append(p.opts[0] if v else (p.secondary_opts or [p.opts[0]])[0])
-            else:
-                for x in vals:
-                    parts += [p.opts[0], str(x)]
-        return " ".join(shlex.quote(a) for a in parts)
-    except Exception:  # noqa: BLE001 — provenance must never break a command
-        return None
+        add_inputs(inputs)
+        yield state
+    finally:
+        _current.reset(token)
+
+
+def recorded(*input_params: str, seed_param: str = "seed") -> Callable:
+    """Decorator for API functions: the call runs inside `recording`, with the paths passed as
+    `input_params` as inputs, the `seed_param` argument as seed and, outside the CLI, the Python
+    call itself as the command, e.g. `mmsparse.sparsify('heads/d2s', 'test-images.h5', out='x.h5')`."""
+    def deco(fn):
+        sig = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def run(*args, **kwargs):
+            bound = sig.bind_partial(*args, **kwargs)
+            paths = []
+            for name in input_params:
+                v = bound.arguments.get(name)
+                for x in (v if isinstance(v, (list, tuple)) else [v]):
+                    if isinstance(x, (str, Path)):
+                        paths.append(x)
+            seed = bound.arguments.get(seed_param, bound.arguments.get("options", {}).get(seed_param))
+            call = None if (_current.get() or {}).get("command") else _python_call(fn.__name__, bound)
+            with recording(paths, seed=seed, command=call):
+                return fn(*args, **kwargs)
+        return run
+    return deco
+
+
+def _python_call(name: str, bound: inspect.BoundArguments) -> str:
+    parts = []
+    for k, v in bound.arguments.items():
+        p = bound.signature.parameters[k]
+        if k == "progress" or v is None:
+            continue
+        if p.kind is inspect.Parameter.VAR_KEYWORD:
+            parts += [f"{kk}={_repr(vv)}" for kk, vv in v.items()]
+        elif p.kind is inspect.Parameter.VAR_POSITIONAL:
+            parts += [_repr(x) for x in v]
+        elif p.default is inspect.Parameter.empty and p.kind is not inspect.Parameter.KEYWORD_ONLY:
+            parts.append(_repr(v))
+        else:
+            parts.append(f"{k}={_repr(v)}")
+    return f"mmsparse.{name}({', '.join(parts)})"
+
+
+def _repr(v) -> str:
+    return repr(str(v)) if isinstance(v, Path) else repr(v)
 
 
 # -- hashing ----------------------------------------------------------------------------------
@@ -173,17 +211,12 @@ def input_record(path: str | Path, kind: str | None = None) -> dict:
 
 # -- recording --------------------------------------------------------------------------------
 
-def begin(inputs=(), seed: int | None = None, command: str | None = None) -> None:
-    """Start recording a command: forget earlier inputs, register `inputs` (paths, or
-    (path, kind) pairs; missing paths are skipped), the seed and the command line (None: the
-    process's argv). Called by mmsparse.cli around every subcommand."""
-    _state["inputs"], _state["seed"], _state["command"] = [], seed, command
-    add_inputs(inputs)
-
-
 def add_inputs(inputs) -> None:
     """Register more inputs of the running command (paths or (path, kind) pairs)."""
-    known = {r["path"] for r in _state["inputs"]}
+    st = _current.get()
+    if st is None:  # outside a recording there is nothing to attach inputs to
+        return
+    known = {r["path"] for r in st["inputs"]}
     for x in inputs:
         path, kind = (x if isinstance(x, tuple) else (x, None))
         if path is None or not Path(path).exists():
@@ -194,16 +227,17 @@ def add_inputs(inputs) -> None:
             rec = {"path": str(Path(path).resolve()), "kind": kind or "unreadable"}
         if rec["path"] not in known:
             known.add(rec["path"])
-            _state["inputs"].append(rec)
+            st["inputs"].append(rec)
 
 
 def record(inputs=None, seed: int | None = None) -> dict:
     """JSON-ready provenance: mmsparse_version, command, inputs (list), seed (if any).
-    `inputs`/`seed` default to what the running command registered (begin/add_inputs)."""
+    `inputs`/`seed` default to what the running stage registered (recording/add_inputs)."""
+    st = _current.get() or {"inputs": [], "seed": None}
     ins = [input_record(*(x if isinstance(x, tuple) else (x,))) for x in inputs] if inputs is not None \
-        else list(_state["inputs"])
+        else list(st["inputs"])
     out = {"mmsparse_version": __version__, "command": command_line(), "inputs": ins}
-    s = seed if seed is not None else _state["seed"]
+    s = seed if seed is not None else st["seed"]
     if s is not None:
         out["seed"] = int(s)
     return out
@@ -234,9 +268,9 @@ def read_provenance(path: str | Path) -> dict:
     if kind in ("dense", "sparse"):
         import h5py
 
-        from .formats._h5 import attrs_dict
-        with h5py.File(p, "r") as f:
-            rec = attrs_dict(f)
+        with h5py.File(p, "r") as f:  # core reads attributes itself: formats sit above it
+            rec = {k: v.decode() if isinstance(v, bytes) else v.item() if getattr(v, "ndim", None) == 0 else v
+                   for k, v in f.attrs.items()}
     elif kind == "head":
         cfg = _json(p / "config.json")
         rec = {**cfg.get("provenance", {}), "training": cfg.get("training", {})}

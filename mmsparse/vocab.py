@@ -171,3 +171,23 @@ def document_frequency(ids: list[np.ndarray], vocab_size: int) -> np.ndarray:
         return np.zeros(vocab_size)
     counts = np.bincount(np.concatenate(ids).astype(np.int64), minlength=vocab_size)[:vocab_size]
     return counts / len(ids)
+
+
+def load_vocab(vocab_model: str | Path | None, dense_attrs: dict) -> Vocab:
+    """The vocabulary of `vocab_model` (a local model directory) if given, else of the text tower
+    that made the dense files (`dense_attrs`' backbone and model)."""
+    return load_vocab_model(vocab_model) if vocab_model else vocab_from_dense_attrs(dense_attrs)
+
+
+def restrict_to_frequent(voc: Vocab, raw_ids: list[np.ndarray], min_df: int) -> Vocab:
+    """The terms of `voc` occurring in >= `min_df` of the captions whose tokenizer ids are
+    `raw_ids` (min_df 0: `voc` unchanged). InputError when no term is left."""
+    if min_df <= 0:
+        return voc
+    tid = np.asarray(voc.token_ids, dtype=np.int64)
+    n = max(int(tid.max(initial=-1)) + 1, max((int(a.max(initial=-1)) + 1 for a in raw_ids), default=0))
+    counts = np.bincount(np.concatenate(raw_ids).astype(np.int64), minlength=n) if raw_ids else np.zeros(n)
+    out = voc.restrict(counts[tid] >= min_df)
+    if not out.terms:
+        raise InputError(f"--vocab-min-df {min_df}: no term occurs that often in the training captions")
+    return out

@@ -16,9 +16,10 @@ from mmsparse.errors import InputError
 from mmsparse.formats import DenseWriter
 from mmsparse.formats.dense import read_dense
 from mmsparse.formats.sparse import read_sparse
-from mmsparse.heads import load_head
-from mmsparse.heads.joint import JointHead
-from mmsparse.methods.joint import JointConfig, distill, info_nce, integrated_score, joint_loss
+from mmsparse.methods.head import load_head
+from mmsparse.methods.joint.config import JointConfig
+from mmsparse.methods.joint.head import JointHead
+from mmsparse.methods.joint.loss import distill, info_nce, integrated_score, joint_loss
 from mmsparse.vocab import Vocab
 
 
@@ -68,7 +69,7 @@ def test_joint_loss_is_the_sum_of_its_terms():
     z_c = torch.tensor([[1.0, 0.0, 0.5], [0.0, 2.0, 0.0]])
     z_i = torch.tensor([[0.5, 0.0, 1.0], [0.0, 1.0, 0.0]])
     pos, tau = torch.tensor([0, 1]), 0.5
-    cfg = JointConfig(w1=0.5, w2=2.0, lam_dense=1.0, lam_sparse=0.5, lam_inter=0.25)
+    cfg = JointConfig(w1=0.5, w2=2.0, lambda_dense=1.0, lambda_sparse=0.5, lambda_inter=0.25)
     loss, parts = joint_loss(h_c, h_i, z_c, z_i, pos, tau, cfg, eta_t=0.1, eta_i=0.2)
     sd, ss = h_c @ h_i.T / tau, z_c @ z_i.T
     assert ss.tolist() == [[1.0, 0.0], [0.0, 2.0]]
@@ -168,7 +169,8 @@ def test_train_and_sparsify_dense_out(joint_run):
     head = load_head(out)
     assert head.method == "joint" and head.config["image_dim"] == 8 and head.config["text_dim"] == 6
     tr = head.config["training"]
-    assert {"val", "val_dense", "tau", "config"} <= set(tr) and tr["config"]["w1"] == 0.3
+    assert {"val", "config", "history"} <= set(tr) and tr["config"]["w1"] == 0.3
+    assert {"R@1", "FLOPs"} <= set(tr["val"]) and "R@1" in tr["val"]["dense"] and tr["history"][-1]["tau"] > 0
     runner = CliRunner()
     for kind in ("images", "captions"):
         r = runner.invoke(app, ["sparsify", str(out), str(root / f"test-{kind}.h5"), "-o", str(root / f"sp-{kind}.h5"),
@@ -199,25 +201,23 @@ def test_joint_needs_pre_projection(joint_run, tmp_path):
 
 
 def test_epoch_draws_one_caption_per_image():
-    from mmsparse.methods.joint import StatePairs, train_joint
-    from mmsparse.training import PairData
-    head, _ = _tiny_head()
+    """--caption-per-image (default): an epoch is every image once with one random caption of it,
+    so no batch holds an image twice (eq. 2's distinct pairs); --all-captions walks every caption."""
+    from mmsparse.methods.joint.method import Joint, StatePairs
+    from mmsparse.methods.pairs import PairData
+
     n_img, caps = 6, [0, 0, 1, 2, 2, 2, 3, 4, 5, 5]
     pairs = PairData(torch.zeros(n_img, 4), torch.zeros(len(caps), 4), torch.tensor(caps), [], [], [], {}, {})
-    pairs.token_ids = [np.array([i % 12]) for i in range(len(caps))]
-    pairs.tok = torch.tensor([[i % 12] for i in range(len(caps))])
     data = StatePairs(pairs, torch.randn(n_img, 6), torch.randn(len(caps), 5), {})
-    seen = []
-    import mmsparse.methods.joint as J
-    orig = J.joint_loss
-
-    def spy(h_cap, h_img, *a, **k):
-        seen.append((h_cap.shape[0], h_img.shape[0]))
-        return orig(h_cap, h_img, *a, **k)
-    J.joint_loss = spy
-    try:
-        res = train_joint(head, data, None, JointConfig(epochs=2, batch_size=4, expansion="full"))
-    finally:
-        J.joint_loss = orig
-    # 6 images -> batches of 4 and 2 pairs, every image once, all distinct within a batch
-    assert seen == [(4, 4), (2, 2)] * 2 and res.finished and res.history[-1]["step"] == 4
+    for per_image, want in ((True, [4, 2]), (False, [4, 4, 2])):
+        m = Joint(JointConfig(epochs=2, batch_size=4, caption_per_image=per_image))
+        m._order(data)
+        g = torch.Generator().manual_seed(0)
+        for epoch in range(2):
+            got = [idx for idx, _ in m.batches(data, g, epoch)]
+            assert [len(b) for b in got] == want and m.steps_per_epoch(data) == len(want)
+            imgs = torch.cat([pairs.cap_img[b] for b in got])
+            if per_image:
+                assert sorted(imgs.tolist()) == list(range(n_img))       # every image once
+            else:
+                assert sorted(torch.cat(got).tolist()) == list(range(len(caps)))

@@ -153,6 +153,33 @@ def test_exact_and_semantic_at_k_hand_example():
     assert exact2.tolist() == [0.0, 1.0, 0.0] and sem2 is None
 
 
+def test_doc_exact_at_k_hand_example():
+    vocab = VOCAB + ["##s"]  # a dog puppy grass car ##s
+    docs = sp.csr_matrix(np.array([[0.1, 0.9, 0, 0.5, 0.3, 0],      # d1: dog grass car a
+                                   [0, 0, 0.2, 0.9, 1.0, 0.95],     # d2: car ##s grass puppy
+                                   [0.5, 0, 0, 0, 0, 0]], np.float32))  # d3: a
+    caption_terms = {"c1": np.array([1, 3]),     # "dog on grass"
+                     "c2": np.array([0, 2]),     # "a puppy"
+                     "c3": np.array([0, 4, 5])}  # "a cars" -> a car ##s
+    qrels = {"c1": {"d1": 1, "d3": 0},  # relevance 0: c1 does not describe d3
+             "c2": {"d2": 1}, "c3": {"d2": 2},
+             "c9": {"d1": 1}}  # a caption without text (not in caption_terms) adds nothing
+    assert M.doc_caption_terms(["d2"], qrels, caption_terms)[0].tolist() == [0, 2, 4, 5]
+    words = M.doc_caption_terms(["d1", "d2", "d3"], qrels, caption_terms, vocab)  # '##s' is not a word
+    assert words[0].tolist() == [1, 3] and words[1].tolist() == [0, 2, 4] and words[2] is None
+    # d1: top-1 dog (hit), top-2 dog grass (2 hits), top-3 + car (2 of 3), top-10 all 4 terms (2 of 10)
+    # d2: top-1 car (hit), top-2 car ##s (1 of 2), top-3 + grass (1 of 3), top-4 + puppy (2 of 4)
+    for k, want in [(1, [1, 1]), (2, [1, 0.5]), (3, [2 / 3, 1 / 3]), (4, [0.5, 0.5]), (10, [0.2, 0.2])]:
+        got = M.doc_exact_at_k(docs, words, k)
+        assert got[:2].tolist() == pytest.approx(want) and math.isnan(got[2])
+    summary, per = M.doc_faithfulness(docs, ["d1", "d2", "d3"], vocab, qrels, caption_terms, ks=(2, 3))
+    assert summary["doc_Exact@2"] == pytest.approx(0.75) and summary["doc_Exact@3"] == pytest.approx(0.5)
+    assert summary["doc_faithfulness_docs"] == 2 and per[3][:2].tolist() == pytest.approx([2 / 3, 1 / 3])
+    # df: a 2 (d1, d3), grass 2, car 2, dog 1, puppy 1, ##s 1 -> 2 of 3 documents; tie -> lowest id "a"
+    assert summary["doc_max_df"] == pytest.approx(2 / 3) and summary["doc_max_df_term"] == "a"
+    assert M.max_df(sp.csr_matrix((0, 5), dtype=np.float32), VOCAB) == (0.0, None, 0)
+
+
 def test_load_static_embeddings(tmp_path):
     from safetensors.numpy import save_file
 
@@ -240,3 +267,26 @@ def test_power_law_fit_r2():
     rng = np.random.default_rng(0)
     noisy = 1000.0 * r ** -1.5 * np.exp(rng.normal(0, 0.5, r.size))
     assert 0.5 < M.power_law_fit(noisy)[2] < 1.0
+
+
+# --- figures ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flops", [(2.1, 3.2, 4.4), (1.7, 26.7), (0.05, 12.0, 800.0)])
+def test_flops_plot_log_axis_labels_are_plain_and_do_not_overlap(flops):
+    """Matplotlib's default log axis labels minor ticks "2×10⁰ 3×10⁰ 4×10⁰" over each other when
+    the FLOPs span less than a couple of decades (issue 18)."""
+    from mmsparse.metrics.plots import flops_figure
+
+    fig, ax = flops_figure([(f"run{i}", x, 0.01 * (i + 1)) for i, x in enumerate(flops)],
+                           references=[("dense", 0.02)])
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    lo, hi = ax.get_xlim()
+    labels = [t for t in ax.get_xticklabels(minor=False) + ax.get_xticklabels(minor=True)
+              if t.get_text() and t.get_visible() and lo <= t.get_position()[0] <= hi]
+    assert len(labels) >= 2  # enough ticks to read a value off the axis
+    assert not [t.get_text() for t in labels if "times" in t.get_text() or "×" in t.get_text()]
+    boxes = sorted((t.get_window_extent(r) for t in labels), key=lambda b: b.x0)
+    assert all(a.x1 < b.x0 for a, b in zip(boxes, boxes[1:])), [t.get_text() for t in labels]
+    import matplotlib.pyplot as plt
+    plt.close(fig)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from mmsparse.pec import ExpansionControl
+from mmsparse.methods.d2s.expansion import ExpansionControl
 
 DF = np.array([0.0, 0.2, 0.5, 0.9, 1.0])
 

@@ -36,7 +36,7 @@ def _dense(path, ids, vec, model, modality="image", split="test", texts=None, im
 @pytest.fixture(scope="module")
 def w(tmp_path_factory, dual_encoder_dir):
     """A small consistent workspace: dense images/captions, qrels, a head, sparse files, indexes, a run."""
-    from mmsparse.heads.d2s import D2SHead
+    from mmsparse.methods.d2s.head import D2SHead
     from mmsparse.vocab import Vocab
 
     root = tmp_path_factory.mktemp("rel")
@@ -353,7 +353,7 @@ def test_zero_length_caption(cli, tmp_path):
     ann.write_text(json.dumps({"dataset": "x", "images": [
         {"filename": "a.jpg", "split": "test", "sentences": [{"raw": "a dog", "sentid": 1},
                                                              {"raw": "   ", "sentid": 2}]}]}))
-    r = cli("encode-dense", ann, img, "-o", tmp_path / "out")
+    r = cli("encode-dense", ann, img, "-o", tmp_path / "out", "--strict")  # without: skipped, warned (issue 19)
     bad(r, "dataset_x.json", "caption '2' is empty", "1 empty")
     assert not (tmp_path / "out").exists()
 

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
 from PIL import Image
 
-from mmsparse.cli import main as cli_main
 from mmsparse.formats import write_qrels, write_run, write_sparse
 from mmsparse.metrics.html_report import SHARED_COLOR
 
@@ -20,10 +18,11 @@ VOCAB = ["a", "dog", "##oot", "runs", "cat", "grass", "snow", "beach", "boy", "b
 GREEN = (0x2E, 0x7D, 0x32)  # the frame of relevant images (.rel in html_report.CSS)
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory):
+@pytest.fixture()
+def report(tmp_path, run_cli):
     """Two captions, six gradient 'photos'; q1 retrieves five images (relevant one at rank 3)."""
-    d = tmp_path_factory.mktemp("report")
+    d = tmp_path / "report"
+    d.mkdir()
     q = np.zeros((2, len(VOCAB)), np.float32)
     q[0, [1, 3, 5, 2]] = [2.0, 1.0, 0.8, 0.3]  # dog runs grass -oot
     q[1, [8, 7, 9]] = [1.5, 1.2, 0.9]  # boy beach ball
@@ -42,16 +41,11 @@ def report(tmp_path_factory):
     for j, i in enumerate(ids):
         rgb = np.stack(np.broadcast_arrays(x[None, :], np.full((96, 1), 40.0 * j), x[:, None]), -1)
         Image.fromarray(rgb.astype(np.uint8)).save(d / "imgs" / f"{i}.jpg")
-    argv = ["mmsparse", "inspect", d / "q.h5", "q1", "q2", "--html", d / "out" / "index.html", "--docs", d / "d.h5",
-            "--run", d / "run.trec", "--qrels", d / "qrels", "--image-root", d / "imgs", "--wordcloud"]
-    mp = pytest.MonkeyPatch()
-    mp.setattr(sys, "argv", [str(a) for a in argv])
-    try:
-        cli_main()
-    except SystemExit as e:
-        assert not e.code
-    finally:
-        mp.undo()
+    code, out, err = run_cli("inspect", d / "q.h5", "q1", "q2", "--html", d / "out" / "index.html", "--docs",
+                             d / "d.h5", "--run", d / "run.trec", "--qrels", d / "qrels", "--image-root", d / "imgs",
+                             "--wordcloud")
+    assert code == 0, err
+    assert "7 retrieved images" in out
     return d / "out"
 
 
@@ -71,11 +65,24 @@ def test_report_files(report):
     assert (np.abs(img.astype(int) - orange).sum(-1) < 30).sum() > 100  # "dog", shared with q1, in orange
 
 
-def test_inspect_wordcloud_needs_html(report, monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["mmsparse", "inspect", str(report.parent / "q.h5"), "q1", "--wordcloud"])
-    with pytest.raises(SystemExit) as e:
-        cli_main()
-    assert e.value.code == 2 and "--wordcloud goes with --html" in capsys.readouterr().err
+def test_inspect_wordcloud_needs_html(report, run_cli):
+    code, out, err = run_cli("inspect", report.parent / "q.h5", "q1", "--wordcloud")
+    assert code == 2 and "--wordcloud goes with --html" in err
+
+
+def test_wordcloud_words_stay_readable_in_the_report(tmp_path):
+    """The report shows a cloud at half its pixel width: words below 20 px (10 on screen) are
+    left out, not shrunk, and at most WORDCLOUD_MAX_WORDS are drawn."""
+    from mmsparse.metrics.html_report import WORDCLOUD_MAX_WORDS, write_wordcloud
+
+    terms = [(f"term{i}", 2.0 * 0.95 ** i) for i in range(80)]  # many terms of slowly falling weight
+    drawn = write_wordcloud(terms, tmp_path / "wc.png", {"term1"})
+    assert 10 <= len(drawn) <= WORDCLOUD_MAX_WORDS
+    assert min(size for _, size in drawn) >= 20 and max(size for _, size in drawn) <= 0.4 * 240
+    assert [w for w, _ in drawn][:3] == ["term0", "term1", "term2"]  # the heaviest first
+    assert Image.open(tmp_path / "wc.png").size == (420, 240)
+    assert len(write_wordcloud(terms, tmp_path / "wc12.png", max_words=12)) == 12
+    assert write_wordcloud([], tmp_path / "empty.png") == [] and (tmp_path / "empty.png").stat().st_size > 0
 
 
 @pytest.mark.skipif(shutil.which("chromium") is None,

@@ -16,9 +16,9 @@ from mmsparse.cli import app
 from mmsparse.errors import InputError
 from mmsparse.formats.dense import DenseWriter
 from mmsparse.formats.sparse import read_sparse
-from mmsparse.heads import load_head
-from mmsparse.heads.vdr import DSTHead, elu1p, gate, topk_mask
-from mmsparse.methods.vdr import contrastive_mask, vdr_loss
+from mmsparse.methods.head import load_head
+from mmsparse.methods.vdr.head import DSTHead, elu1p, gate, topk_mask
+from mmsparse.methods.vdr.loss import contrastive_mask, vdr_loss
 
 
 def test_elu1p_values_positive_and_smooth_at_zero():

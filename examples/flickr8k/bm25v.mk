@@ -40,7 +40,7 @@ BM25V_TRAIN       ?= $(BM25V_STATES_DIR)/train-images.h5
 # empty: encode the class folder itself (`encode-dense ROOT --format folder`), as for a benchmark.
 BM25V_FROM        ?= $(foreach s,train val test,$(BM25V_STATES_DIR)/$(s)-images.h5)
 # 96k training patches: more, smaller steps than the paper's 5 x 4096 (which assumes ImageNet).
-BM25V_SAE_FLAGS   ?= --sae-epochs 4 --sae-batch-size 1024 --sae-lr 1e-3 --threads 1
+BM25V_SAE_FLAGS   ?= --epochs 4 --batch-size 1024 --lr 1e-3 --threads 1
 BM25V_K_POST      ?= 16
 BM25V_INDEX_FLAGS ?= --quant-bits 16
 BM25V_RUN_K       ?= 200
@@ -77,10 +77,10 @@ $(BM25V_STATES_DIR)/%-images.h5:
 	  --dataset $(DATASET) --patch-states -o $(@D) $(ENCODE_FLAGS)
 
 $(WORK)/heads/bm25v/config.json: $(BM25V_TRAIN)
-	$(MMSPARSE) train-head --method sae $< -o $(@D) $(BM25V_SAE_FLAGS)
+	$(MMSPARSE) train-head --method bm25v $< -o $(@D) $(BM25V_SAE_FLAGS)
 
 $(WORK)/sparse/bm25v/gallery.h5: $(WORK)/heads/bm25v/config.json $(BM25V_DENSE)
-	$(MMSPARSE) sparsify --method bm25v $(<D) $(BM25V_DENSE) -o $@ --k-post $(BM25V_K_POST)
+	$(MMSPARSE) sparsify $(<D) $(BM25V_DENSE) -o $@ --k-post $(BM25V_K_POST)
 
 $(WORK)/index/bm25v/mmsparse.json: $(WORK)/sparse/bm25v/gallery.h5
 	$(MMSPARSE) index $< -o $(@D) --weighting bm25 $(BM25V_INDEX_FLAGS)

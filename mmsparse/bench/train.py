@@ -51,8 +51,8 @@ def _synthetic(shape: dict, seed: int = 0):
     import numpy as np
     import torch
 
-    from ..heads.d2s import D2SHead
-    from ..training import PairData
+    from ..methods.d2s.head import D2SHead
+    from ..methods.pairs import PairData
 
     g = np.random.default_rng(seed)
     d, v = shape["d"], shape["vocab"]
@@ -99,16 +99,18 @@ def measure(name: str, shape: dict, state: str, steps: int, warmup: int, active:
     import numpy as np
     import torch
 
-    from ..pec import ExpansionControl
-    from ..training import TrainConfig, load_pairs, make_adamw, train_step
+    from ..methods.d2s.config import D2SConfig as TrainConfig
+    from ..methods.d2s.expansion import ExpansionControl
+    from ..methods.d2s.method import D2S
+    from ..methods.pairs import load_pairs
+    from ..trainer import make_optimizer
     from ..vocab import document_frequency
 
     if name == "demo":
-        from ..heads import load_head
-        from ..heads.d2s import load_tokenizer
+        from ..methods.head import load_head, require_tokenizer
         head = load_head(head_dir)
         data = load_pairs(images, captions)
-        data.tokenize(load_tokenizer(head, head_dir))
+        data.tokenize(require_tokenizer(head, head_dir))
         data.set_columns(head.token_ids.numpy())
         if state in ("init", "epoch1"):  # W1 and LayerNorm re-initialised, bias 0: dense as at the start
             with torch.no_grad():
@@ -126,7 +128,17 @@ def measure(name: str, shape: dict, state: str, steps: int, warmup: int, active:
     v = shape["vocab"]
     pec = ExpansionControl("caption-word", document_frequency(data.token_ids, v), cfg.epochs)
     pec.set_epoch(cfg.epochs // 2)   # mid-training: masks of both levels active
-    opt = make_adamw(head.parameters(), cfg.lr if state == "epoch1" else 1e-6, cfg.weight_decay)
+    opt = make_optimizer([{"params": list(head.parameters())}], cfg.lr if state == "epoch1" else 1e-6, cfg.weight_decay)
+    method = D2S(cfg)
+    method.pec = pec
+
+    def train_step(idx, step):  # one optimizer step of the D2S method (loss, backward, AdamW)
+        loss, _ = method.loss(head, (idx, data), step, gen, "cpu")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     gen = torch.Generator().manual_seed(0)
     perm = torch.randperm(data.z_cap.shape[0], generator=gen)
@@ -137,17 +149,15 @@ def measure(name: str, shape: dict, state: str, steps: int, warmup: int, active:
     def step():
         b = it["b"] % (len(perm) // B)
         it["b"] += 1
-        train_step(head, data, perm[b * B:(b + 1) * B], pec, gen, cfg, cfg.eta, opt, sched)
+        train_step(perm[b * B:(b + 1) * B], cfg.warmup_steps)   # past the L1 warm-up: full η
 
     rows_u = [len(torch.unique(data.cap_img[perm[b * B:(b + 1) * B]])) for b in range(3)]
     if state == "epoch1":  # the first epoch of a real run: η warm-up, the head turning sparse
-        from ..losses import eta_at
         pec.set_epoch(0)
         times = []
         for b in range(min(run_steps, len(perm) // B)):
             t0 = time.perf_counter()
-            train_step(head, data, perm[b * B:(b + 1) * B], pec, gen, cfg,
-                       eta_at(b, cfg.eta, cfg.warmup_steps), opt, sched)
+            train_step(perm[b * B:(b + 1) * B], b)
             times.append(time.perf_counter() - t0)
         step_s = sum(times) / len(times)
     else:

@@ -1,5 +1,7 @@
 """`mmsparse inspect`: look inside a sparse file — top terms per id, why a doc matches a query,
-term statistics of an index, and an HTML report with images and word clouds.
+term statistics of an index, image-side faithfulness, an HTML report with images and word
+clouds, and the provenance of any output. The work is done by mmsparse.api.inspect; this module
+parses and prints.
 
 Word pieces: a WordPiece continuation such as '##oot' is shown as '-oot' (glued to the previous
 piece); --json and --html tooltips keep the raw vocabulary term.
@@ -13,7 +15,8 @@ from typing import List, Optional, Tuple
 
 import typer
 
-from ..errors import InputError
+_HTML = "HTML report"
+_FAITH = "Image-side faithfulness"
 
 
 def main(
@@ -27,193 +30,65 @@ def main(
                                                       "(from --docs), each with q_t*d_t, and the dot-product score."),
     docs: Optional[Path] = typer.Option(None, "--docs", help="Sparse HDF5 of the documents (images), same vocab."),
     stats: bool = typer.Option(False, "--stats", help="Document-frequency table of SPARSE's terms, the "
-                               "fitted power law df ~ C*rank^-a (a, C, R² of the log-log fit) and the terms in "
-                               "more than half of the rows."),
+                               "fitted power law df ~ C*rank^-a (a, C, R² of the log-log fit), the terms in "
+                               "more than half of the rows, and max_df (share of rows holding the most common term)."),
     stats_top: int = typer.Option(30, "--stats-top", min=1, help="Rows of the --stats table."),
     png: Optional[Path] = typer.Option(None, "--png", help="With --stats: write the log-log rank-frequency plot "
                                        "here (df normalised so rank 1 = 1, as BM25-V Fig. 1, with the fit)."),
-    html_out: Optional[Path] = typer.Option(None, "--html", help="Write an HTML report of the ids (caption, top "
-                                            "terms, top images of --run inlined, with their terms; shared terms "
-                                            "highlighted)."),
-    wordcloud: bool = typer.Option(False, "--wordcloud", help="With --html: a word cloud PNG per shown image, "
-                                   "written to wordclouds/ beside the HTML file and shown under the image."),
-    run: Optional[Path] = typer.Option(None, "--run", help="TREC run giving each id's retrieved images (for --html)."),
-    qrels: Optional[Path] = typer.Option(None, "--qrels", help="Qrels to frame relevant images (for --html)."),
-    image_root: Optional[Path] = typer.Option(None, "--image-root", help="Directory of <image id>.jpg files (--html)."),
-    n_images: int = typer.Option(5, "--n-images", min=1, help="Retrieved images per id in --html."),
+    captions: Optional[Path] = typer.Option(None, "--captions", rich_help_panel=_FAITH, help="Sparse or dense HDF5 "
+                                            "holding the caption texts, with --qrels, SPARSE = the images: ✓ on each shown "
+                                            "term found in the row's relevant captions, and its doc_Exact@K; with "
+                                            "--stats (or without IDs) over all images: doc_Exact@10 / doc_Exact@3 "
+                                            "(share of an image's top-k terms that occur in its relevant captions), "
+                                            "doc_max_df, and caption-side Exact@20 / Semantic@20 (sparse captions)."),
+    tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", rich_help_panel=_FAITH, help="Directory with "
+                                             "tokenizer.json for --captions (default: the captions' model, else "
+                                             "the shared dual encoder)."),
+    html_out: Optional[Path] = typer.Option(None, "--html", rich_help_panel=_HTML, help="Write an HTML report of "
+                                            "the ids (caption, top terms, top images of --run inlined, with their "
+                                            "terms; shared terms highlighted)."),
+    wordcloud: bool = typer.Option(False, "--wordcloud", rich_help_panel=_HTML, help="With --html: a word cloud "
+                                   "PNG per shown image, written to wordclouds/ beside the HTML file and shown under "
+                                   "the image."),
+    run: Optional[Path] = typer.Option(None, "--run", rich_help_panel=_HTML, help="TREC run giving each id's "
+                                       "retrieved images (for --html)."),
+    qrels: Optional[Path] = typer.Option(None, "--qrels", help="Qrels: frame relevant images (--html); which "
+                                         "captions describe which image (--captions)."),
+    image_root: Optional[Path] = typer.Option(None, "--image-root", rich_help_panel=_HTML, help="Directory of "
+                                              "<image id>.jpg files (--html)."),
+    n_images: int = typer.Option(5, "--n-images", min=1, rich_help_panel=_HTML, help="Retrieved images per id "
+                                 "in --html."),
     provenance: bool = typer.Option(False, "--provenance", help="Print how SPARSE (any mmsparse output: dense "
                                     "or sparse HDF5, head, index, run, qrels, eval JSON) was made, back to the "
                                     "images and captions: each input's command, version, seed, and whether it "
                                     "still matches its recorded sha256 (--json: the tree as JSON)."),
 ) -> None:
-    """Show top-k terms of rows of a sparse file, explain a query-doc score, or summarise terms."""
-    from ..formats import read_sparse
+    """Show top-k terms of rows of a sparse file, explain a query-doc score, summarise terms, or
+    measure how well image terms match their captions."""
+    from ..api.inspect import inspect_provenance, inspect_terms
+    from ..cli_ui import RichReporter
 
-    if provenance:  # issue 10: the walking lives in mmsparse/provenance.py
-        from ..provenance import chain, format_chain
-        if not sparse.exists():
-            raise InputError(f"{sparse}: not found")
-        tree = chain(sparse)
+    if provenance:
+        from ..provenance import format_chain
+
+        tree = inspect_provenance(sparse)
         typer.echo(json.dumps(tree, indent=2, ensure_ascii=False, default=str) if as_json
                    else "\n".join(format_chain(tree)))
         return
-    ids = list(ids or [])
-    if not (ids or explain or stats):
-        raise InputError("nothing to inspect: give row IDs, --explain QUERY_ID DOC_ID, or --stats")
-    if html_out is not None and not ids:
-        raise InputError("--html needs row IDs to report on")
-    if png is not None and not stats:
-        raise InputError("--png goes with --stats")
-    if wordcloud and html_out is None:
-        raise InputError("--wordcloud goes with --html")
-    sparse, index_dir = _sparse_source(sparse)
-    col = read_sparse(sparse)
-    out: dict = {"file": str(sparse), **({"index": str(index_dir)} if index_dir else {})}
-    if ids:
-        out["rows"] = [_row(col, _find(col, i, sparse), k) for i in ids]
-    dcol = None
-    if explain or (html_out is not None and docs is not None):
-        if docs is None:
-            raise InputError("--explain needs --docs DOCS.h5 (the document side)")
-        dcol = read_sparse(docs)
-        if dcol.vocab != col.vocab:
-            raise InputError(f"{docs}: vocab differs from {sparse}; both must come from the same head")
-    if explain:
-        out["explain"] = _explain(col, dcol, explain, sparse, docs)
-    if stats:
-        out["stats"] = _stats(col, stats_top, png)
-    if html_out is not None:
-        n = _html(col, dcol, ids, html_out, run, qrels, image_root, n_images, k, sparse, wordcloud, docs)
-        out["html"] = str(html_out)
+    out = inspect_terms(sparse, list(ids or []), k=k, explain=explain, docs=docs, stats=stats, stats_top=stats_top,
+                        png=png, html=html_out, wordcloud=wordcloud, run=run, qrels=qrels, image_root=image_root,
+                        n_images=n_images, captions=captions, tokenizer=tokenizer, progress=RichReporter())
     if as_json:
-        typer.echo(json.dumps(_finite(out), indent=2, ensure_ascii=False))
+        typer.echo(json.dumps(out, indent=2, ensure_ascii=False))
     elif html_out is not None:  # the report shows the rows; the terminal gets one line
-        typer.echo(f"wrote {html_out}: {len(ids)} queries, {n} retrieved images"
+        typer.echo(f"wrote {html_out}: {len(ids or [])} queries, {out['html_images']} retrieved images"
                    + (f", word clouds in {Path(html_out).parent / 'wordclouds'}" if wordcloud else ""))
-        _print({k: v for k, v in out.items() if k != "rows"})
+        _print({k: v for k, v in out.items() if k != "rows"}, k)
     else:
-        _print(out)
+        _print(out, k)
 
 
-def _sparse_source(path: Path) -> tuple[Path, Path | None]:
-    """(sparse HDF5 to read, index directory or None): an index directory stands for the sparse
-    file its mmsparse.json records as `source`."""
-    from ..indexes.meta import SPARSE_KINDS, read_meta
-
-    if not Path(path).is_dir():
-        return Path(path), None
-    meta = read_meta(path)
-    if meta["kind"] not in SPARSE_KINDS:
-        raise InputError(f"{path}: a {meta['kind']} index holds dense vectors, not terms; "
-                         "inspect a sparse index or a sparse HDF5")
-    src = meta.get("source")
-    if not src or not Path(src).is_file():
-        raise InputError(f"{path}/mmsparse.json: source: the sparse file the index was built from ({src}) "
-                         "is gone; pass the sparse HDF5 itself")
-    return Path(src), Path(path)
-
-
-def _finite(x):
-    """JSON-safe: NaN/Inf (e.g. R² of a flat df curve) -> null."""
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_finite(v) for v in x]
-    return None if isinstance(x, float) and x != x or x in (float("inf"), float("-inf")) else x
-
-
-def _index(col) -> dict[str, int]:
-    return {r: i for i, r in enumerate(col.ids)}
-
-
-def _find(col, rid: str, path: Path) -> int:
-    try:
-        return col.ids.index(rid)
-    except ValueError:
-        raise InputError(f"{path}: id {rid!r} not found among its {len(col.ids)} ids (e.g. {col.ids[:3]})") from None
-
-
-def _row(col, i: int, k: int) -> dict:
-    return {"id": col.ids[i], "text": col.texts[i] if col.texts is not None else None,
-            "nnz": int(col.nnz_per_row[i]),
-            "terms": [{"term": t, "weight": w} for t, w in col.terms(i, k)]}
-
-
-def _explain(qcol, dcol, pair, qpath, dpath) -> dict:
-    from ..metrics import explain_pair
-
-    qi, di = _find(qcol, pair[0], qpath), _find(dcol, pair[1], dpath)
-    score, rows = explain_pair(*qcol.row(qi), *dcol.row(di), qcol.vocab)
-    return {"query": pair[0], "doc": pair[1], "score": score, "shared_terms": len(rows), "terms": rows}
-
-
-def _stats(col, top: int, png: Path | None) -> dict:
-    """Document frequencies of the terms, the power-law fit df ~ C * rank^-a (with R²), and the
-    share of active terms in more than half of the rows (BM25-V's "stop words")."""
-    from ..metrics import df_table, power_law_fit, term_df
-
-    df = term_df(col.matrix)
-    a, c, r2 = power_law_fit(df)
-    if png is not None:
-        from ..metrics.plots import plot_rank_frequency
-        plot_rank_frequency(df, png, a, c)
-    active = int((df > 0).sum())
-    head = int((df > 0.5 * len(col.ids)).sum())
-    return {"rows": len(col.ids), "active_terms": active, "postings": int(df.sum()),
-            "power_law_exponent": a, "power_law_scale": c, "power_law_r2": r2,
-            "head_terms": head, "head_fraction": head / active if active else 0.0,
-            "top_terms": df_table(df, col.vocab, top)}
-
-
-def _html(col, dcol, ids, out, run, qrels, image_root, n_images, k, path, wordcloud, docs) -> int:
-    """Write the HTML report (and word clouds); returns the number of retrieved images shown."""
-    import re
-
-    from rich.progress import track
-
-    from ..atomic import write_text_atomic
-    from ..formats import read_qrels, read_run
-    from ..metrics.compare import top_k
-    from ..metrics.html_report import find_image, render_report, write_wordcloud
-
-    if image_root is not None and not Path(image_root).is_dir():
-        raise InputError(f"{image_root}: --image-root directory not found")
-    if run is not None and dcol is None:
-        raise InputError("--html with --run needs --docs DOCS.h5 to show the images' terms")
-    r = read_run(run) if run is not None else {}
-    rel = read_qrels(qrels) if qrels is not None else {}
-    dindex = _index(dcol) if dcol is not None else {}
-    entries = []
-    for rid in ids:
-        i = _find(col, rid, path)
-        qset = {col.vocab[t] for t in col.row(i)[0]}
-        hits = []
-        for did in top_k(r.get(rid, {}), n_images):
-            j = dindex.get(did)  # a retrieved id absent from --docs is shown without terms
-            terms = dcol.terms(j, k) if j is not None else []
-            shared = qset & {dcol.vocab[t] for t in dcol.row(j)[0]} if j is not None else set()
-            hits.append({"id": did, "score": r[rid][did], "terms": terms, "shared": shared, "doc_row": j,
-                         "image": find_image(image_root, did), "relevant": rel.get(rid, {}).get(did, 0) > 0})
-        e = {"id": rid, "text": col.texts[i] if col.texts is not None else None, "terms": col.terms(i, k),
-             "hits": hits}
-        if rid in rel and rid in r:
-            ranked = top_k(r[rid], len(r[rid]))
-            e["gold_rank"] = next((n for n, d in enumerate(ranked, 1) if rel[rid].get(d, 0) > 0), None)
-        entries.append(e)
-    if wordcloud:
-        # one PNG per (query, image): the query decides which of the image's terms are highlighted
-        safe = lambda x: re.sub(r"[^A-Za-z0-9_.-]", "_", x)  # noqa: E731
-        jobs = [(e, h) for e in entries for h in e["hits"] if h["doc_row"] is not None]
-        for e, h in track(jobs, description="word clouds", transient=True, disable=len(jobs) < 20):
-            name = f"wordclouds/{safe(e['id'])}__{safe(h['id'])}.png"
-            write_wordcloud(dcol.terms(h["doc_row"], max(k, 40)), Path(out).parent / name, h["shared"])
-            h["wordcloud"] = name
-    sub = f"queries: {path}" + (f"; run: {run}" if run else "") + (f"; documents: {docs}" if docs else "")
-    write_text_atomic(out, render_report(entries, f"mmsparse inspect: {Path(path).name}", sub))
-    return sum(len(e["hits"]) for e in entries)
-
-
-def _print(out: dict) -> None:
+def _print(out: dict, k: int) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -221,13 +96,24 @@ def _print(out: dict) -> None:
 
     con = Console()
     for r in out.get("rows", []):
-        t = Table(title=f"{r['id']} ({r['nnz']} terms)" + (f"\n{r['text']}" if r["text"] else ""))
+        title = f"{r['id']} ({r['nnz']} terms)" + (f"\n{r['text']}" if r["text"] else "")
+        marks = "captions" in r
+        if marks:
+            de = r.get(f"doc_Exact@{k}")
+            title += (f"\ndoc_Exact@{k} {de:.2f}: ✓ = in its {len(r['captions'])} relevant caption(s)"
+                      if de is not None else "\nno relevant caption in the qrels")
+        t = Table(title=title)
         t.add_column("#", justify="right")
         t.add_column("term")
         t.add_column("weight", justify="right")
+        if marks:
+            t.add_column("in captions", justify="center")
         for n, x in enumerate(r["terms"], 1):
-            t.add_row(str(n), display_term(x["term"]), f"{x['weight']:.3f}")
+            t.add_row(str(n), display_term(x["term"]), f"{x['weight']:.3f}",
+                      *(["✓" if x.get("in_captions") else ""] if marks else []))
         con.print(t)
+        for c in r.get("captions", []):
+            con.print(f"  · {c}", markup=False, highlight=False)
     if "explain" in out:
         e = out["explain"]
         t = Table(title=f"query {e['query']} x doc {e['doc']}: score {e['score']:.4f} "
@@ -241,14 +127,35 @@ def _print(out: dict) -> None:
     if "stats" in out:
         s = out["stats"]
         src = f"{out['index']} (index built from {out['file']})" if "index" in out else out["file"]
-        con.print(f"{src}: {s['rows']} rows, {s['active_terms']} active terms, {s['postings']} postings; "
-                  f"df ~ {s['power_law_scale']:.3g} * rank^-{s['power_law_exponent']:.3f} "
-                  f"(R² {s['power_law_r2']:.3f}); {s['head_terms']} terms ({100 * s['head_fraction']:.2f}% of the "
-                  "active ones) occur in more than half of the rows",
-                  markup=False, highlight=False, soft_wrap=True)
+        fit = (f"df ~ {s['power_law_scale']:.3g} * rank^-{s['power_law_exponent']:.3f} "
+               f"(R² {_num(s['power_law_r2'], '.3f')})" if s["power_law_exponent"] is not None else "no power-law fit")
+        top = (f"; the most common term, {display_term(s['max_df_term'])!r}, is in {100 * s['max_df']:.1f}% of "
+               "the rows" if s.get("max_df_term") else "")
+        con.print(f"{src}: {s['rows']} rows, {s['active_terms']} active terms, {s['postings']} postings; {fit}; "
+                  f"{s['head_terms']} terms ({100 * s['head_fraction']:.2f}% of the active ones) occur in more than "
+                  f"half of the rows{top}", markup=False, highlight=False, soft_wrap=True)
         t = Table(title=f"top {len(s['top_terms'])} terms by document frequency")
         for c in ("rank", "term", "df"):
             t.add_column(c, justify="left" if c == "term" else "right")
         for x in s["top_terms"]:
             t.add_row(str(x["rank"]), display_term(x["term"]), str(x["df"]))
         con.print(t)
+    if "faithfulness" in out:
+        f = out["faithfulness"]
+        con.print(f"image-side faithfulness over the {f['doc_faithfulness_docs']} images with a relevant caption "
+                  "(values x100):", markup=False, highlight=False, soft_wrap=True)
+        t = Table(show_header=False)
+        t.add_column("figure")
+        t.add_column("value", justify="right")
+        for key, v in f.items():
+            if key in ("doc_max_df_term", "doc_faithfulness_docs") or v is None:
+                continue
+            if key == "doc_max_df":
+                t.add_row(f"doc_max_df ({display_term(f['doc_max_df_term'] or '–')})", f"{100 * v:.1f}")
+            else:
+                t.add_row(key, f"{100 * v:.1f}")
+        con.print(t)
+
+
+def _num(v, fmt: str) -> str:
+    return "n/a" if v is None else format(v, fmt)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 import scipy.sparse as sp
 
@@ -14,6 +16,19 @@ def term_df(matrix: sp.csr_matrix) -> np.ndarray:
     """
     m = sp.csr_matrix(matrix)
     return np.bincount(m.indices[m.data != 0], minlength=m.shape[1]).astype(np.int64)
+
+
+def max_df(matrix: sp.csr_matrix, vocab: Sequence[str]) -> tuple[float, str | None, int]:
+    """The most common term of a collection: (share of rows holding it = max_t df_t / N, the
+    term, its df). Ties go to the lower term id; an empty collection (or one with no non-zero
+    weight) gives (0.0, None, 0). For the documents this is `doc_max_df`: 1.0 means some term is
+    in every image, so it separates nothing and its posting list is the whole collection."""
+    df = term_df(matrix)
+    n = matrix.shape[0]
+    if n == 0 or not df.size or df.max() == 0:
+        return 0.0, None, 0
+    t = int(np.argmax(df))
+    return float(df[t] / n), vocab[t], int(df[t])
 
 
 def flops(queries: sp.csr_matrix, docs: sp.csr_matrix) -> float:

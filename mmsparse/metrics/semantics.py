@@ -1,9 +1,10 @@
-"""Semantic deviation proxies of D2S (eq. 2-3): Exact@k and Semantic@k of caption vectors."""
+"""Semantic deviation proxies of D2S (eq. 2-3): Exact@k and Semantic@k of caption vectors, and
+their image-side counterpart doc_Exact@k (do an image's top terms occur in its own captions?)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import scipy.sparse as sp
@@ -26,6 +27,22 @@ def tokenize_captions(texts: Sequence[str], tokenizer: str | Path) -> list[list[
     tok.no_padding()
     tok.no_truncation()
     return [e.tokens for e in tok.encode_batch(list(texts), add_special_tokens=False)]
+
+
+def resolve_tokenizer(tokenizer: str | Path | None, *attrs: Mapping) -> Path:
+    """The directory (or tokenizer.json) that splits captions into the vocabulary's word pieces:
+    `tokenizer` when given, else the `model` attribute of the first sparse file in `attrs` whose
+    model directory holds a tokenizer.json, else the shared dual encoder
+    (mmsparse.settings.dual_encoder_dir). Existence is checked by `tokenize_captions`."""
+    from ..settings import dual_encoder_dir
+
+    if tokenizer is not None:
+        return Path(tokenizer)
+    for a in attrs:
+        m = str((a or {}).get("model", ""))
+        if m and (Path(m) / "tokenizer.json").is_file():
+            return Path(m)
+    return dual_encoder_dir()
 
 
 def caption_term_ids(pieces: Sequence[Sequence[str]], vocab: Sequence[str]) -> list[np.ndarray]:
@@ -74,6 +91,93 @@ def exact_semantic_at_k(matrix: sp.csr_matrix, caption_ids: Sequence[np.ndarray]
         if sem is not None:
             sem[i] = (unit[top] @ unit[cap].T).max(axis=1).sum() / k
     return exact, sem
+
+
+def doc_caption_terms(doc_ids: Sequence[str], qrels: Mapping[str, Mapping[str, int]],
+                      caption_terms: Mapping[str, np.ndarray],
+                      vocab: Sequence[str] | None = None) -> list[np.ndarray | None]:
+    """The caption words of each document: for doc_ids[j], the union (sorted unique int64 vocab
+    ids) of `caption_terms[q]` over the captions q that the qrels call relevant to it
+    (qrels[q][doc] > 0) and that `caption_terms` holds; None for a document with no such caption.
+    With `vocab`, WordPiece continuations ('##ed', '##s') are dropped: they are fragments of a
+    caption word, not words (a hub piece such as '##ed' would otherwise match most captions)."""
+    keep = None if vocab is None else np.array([not str(t).startswith("##") for t in vocab], dtype=bool)
+    rel: dict[str, list[str]] = {}
+    for q, docs in qrels.items():
+        if q in caption_terms:
+            for d, r in docs.items():
+                if r > 0:
+                    rel.setdefault(d, []).append(q)
+    out: list[np.ndarray | None] = []
+    for d in doc_ids:
+        qs = rel.get(d)
+        if not qs:
+            out.append(None)
+            continue
+        w = np.unique(np.concatenate([caption_terms[q] for q in qs])).astype(np.int64)
+        out.append(w[keep[w]] if keep is not None else w)
+    return out
+
+
+def doc_exact_at_k(docs: sp.csr_matrix, doc_terms: Sequence[np.ndarray | None], k: int) -> np.ndarray:
+    """Image-side faithfulness doc_Exact@k, per document: float64 [D].
+
+    docs: CSR [D, |V|] document (image) term weights s_I; doc_terms[j]: vocab ids of the words of
+    document j's relevant captions (`doc_caption_terms`), or None when it has none.
+
+        doc_Exact@k(d) = |top_k(s_d) ∩ W(d)| / k,   W(d) = ∪_{q : qrels(q, d) > 0} x_q
+
+    where x_q are caption q's word pieces (tokenised as for Exact@k, eq. 2 of D2S; doc_faithfulness
+    leaves out '##' continuation pieces, see doc_caption_terms) and top_k the k largest non-zero
+    weights (ties by lower term id). Like eq. 2 it divides by k even when a row
+    has fewer than k non-zeros; documents without relevant captions are NaN (leave them out of
+    the mean: np.nanmean). Function words count when the captions hold them, so read it beside
+    doc_max_df (a hub term in every image also scores here).
+    """
+    if k < 1:
+        raise ValueError("k must be >= 1")
+    if len(doc_terms) != docs.shape[0]:
+        raise ValueError(f"{len(doc_terms)} caption-word sets for {docs.shape[0]} documents")
+    out = np.full(docs.shape[0], np.nan)
+    for j, words in enumerate(doc_terms):
+        if words is not None:
+            out[j] = np.isin(top_k_ids(docs, j, k), words).sum() / k
+    return out
+
+
+def doc_faithfulness(docs: sp.csr_matrix, doc_ids: Sequence[str], vocab: Sequence[str],
+                     qrels: Mapping[str, Mapping[str, int]], caption_terms: Mapping[str, np.ndarray],
+                     ks: Sequence[int] = (10, 3)) -> tuple[dict, dict[int, np.ndarray]]:
+    """Image-side faithfulness of a document collection, as eval's JSON keys, and per-document values.
+
+    docs: CSR [D, |V|]; caption_terms: {caption id: vocab ids of its word pieces} (caption_term_ids
+    of the captions that have texts); qrels: {caption id: {doc id: relevance}}. Returns
+    ({"doc_Exact@k": mean over the scored documents for each k in `ks` (a term counts when it is
+      a word-start piece of a relevant caption: '##' continuations never count),
+      "doc_faithfulness_docs": documents with at least one relevant caption (the ones scored),
+      "doc_max_df": share of all D documents holding the most common term, "doc_max_df_term": it},
+     {k: float64 [D] per-document doc_Exact@k, NaN where unscored}).
+    Means are 0.0 when no document has a relevant caption. See doc_exact_at_k and efficiency.max_df.
+    """
+    from .efficiency import max_df
+
+    words = doc_caption_terms(doc_ids, qrels, caption_terms, vocab)  # whole-word pieces only
+    n = sum(w is not None for w in words)
+    per = {k: doc_exact_at_k(docs, words, k) for k in ks}
+    out: dict = {f"doc_Exact@{k}": float(np.nanmean(v)) if n else 0.0 for k, v in per.items()}
+    share, term, _ = max_df(docs, vocab)
+    out.update({"doc_faithfulness_docs": n, "doc_max_df": share, "doc_max_df_term": term})
+    return out, per
+
+
+def embeddings_source(static_embeddings: str | Path | None, head: str | Path | None,
+                      attrs: Mapping) -> Path | None:
+    """Where Semantic@k's static term embeddings come from: `static_embeddings`, else `head`, else
+    the head directory a sparse file records in its `head` attribute (when it still exists), else None."""
+    src = static_embeddings or head
+    if src is None and str(attrs.get("head", "")) and Path(str(attrs["head"])).is_dir():
+        src = attrs["head"]
+    return Path(src) if src is not None else None
 
 
 def load_static_embeddings(path: str | Path, vocab_size: int, key: str | None = None) -> np.ndarray:

@@ -27,16 +27,20 @@ def measures_of(result: dict) -> list[str]:
 
 
 def default_columns(results: Sequence[dict]) -> list[str]:
-    """Measures, FLOPs, query_terms, doc_terms, pearson_<measure>, overlap@10, Exact@k, Semantic@k
-    (in that order), keeping only the columns at least one result has a value for."""
+    """Measures, FLOPs, query_terms, doc_terms, pearson_<measure>, overlap@10, Exact@k, Semantic@k,
+    doc_Exact@k (larger k first), doc_max_df (in that order), keeping only the columns at least
+    one result has a value for."""
     ms: list[str] = []
     for r in results:
         ms += [m for m in measures_of(r) if m not in ms]
-    dev = []
+    dev, doc = [], []
     for r in results:
         dev += [k for k in r if re.match(r"^(Exact|Semantic)@\d+$", k) and k not in dev]
+        doc += [k for k in r if re.match(r"^doc_Exact@\d+$", k) and k not in doc]
     dev.sort(key=lambda k: (int(k.split("@")[1]), not k.startswith("Exact")))
-    cols = [*ms, "FLOPs", "query_terms", "doc_terms", *(f"pearson_{m}" for m in ms), "overlap@10", *dev]
+    doc.sort(key=lambda k: -int(k.split("@")[1]))
+    cols = [*ms, "FLOPs", "query_terms", "doc_terms", *(f"pearson_{m}" for m in ms), "overlap@10", *dev,
+            *doc, "doc_max_df"]
     return [c for c in cols if any(_num(r.get(c)) is not None for r in results)]
 
 
@@ -46,8 +50,9 @@ def _num(v) -> float | None:
 
 def format_cell(column: str, value) -> str:
     """Display text of one value: FLOPs with two decimals, the sparsity figures (query_* / doc_*)
-    as they are, every other column (measures, pearson_*, overlap@k, Exact@k, Semantic@k: fractions
-    in [0, 1] or r in [-1, 1]) x100 with one decimal; '–' when missing."""
+    as they are, every other column (measures, pearson_*, overlap@k, Exact@k, Semantic@k,
+    doc_Exact@k, doc_max_df: fractions in [0, 1] or r in [-1, 1]) x100 with one decimal; '–' when
+    missing."""
     v = _num(value)
     if v is None:
         return "–"
@@ -55,7 +60,7 @@ def format_cell(column: str, value) -> str:
         return f"{v:.2f}"
     if column in ("query_terms", "doc_terms"):
         return f"{v:.1f}"
-    if column.startswith(("query_", "doc_", "queries")):
+    if column.startswith(("query_", "doc_", "queries")) and not column.startswith(("doc_Exact@", "doc_max_df")):
         return f"{v:.4g}"
     return f"{100 * v:.1f}"
 
@@ -66,12 +71,18 @@ def build_table(results: Sequence[dict], labels: Sequence[str], columns: Sequenc
 
     results: eval JSON dicts, one row each; labels: their row labels. Returns {columns, rows:
     [{label, values: {column: value|None}, significant: [measure columns marked †]}], alpha,
-    bonferroni_n, reference (label of the row whose `run` is the rows' dense_run, or None),
-    warnings: [text]}. bonferroni_n = n_comparisons or the number of rows with p-values vs dense.
+    bonferroni_n, bonferroni_basis (why that factor, in words), reference (label of the row whose
+    `run` is the rows' dense_run, or None), warnings: [text]}. bonferroni_n = n_comparisons when
+    given, else the number of rows holding raw p-values vs dense (`p_vs_dense_<measure>`): the
+    runs this table actually tests against the dense run. The rows' own `p_vs_dense_corrected_*`
+    (corrected when each was evaluated) are not used.
     """
     cols = list(columns) if columns else default_columns(results)
-    tested = [r for r in results if any(k.startswith("p_vs_dense_") for k in r)]
+    tested = [r for r in results if any(k.startswith("p_vs_dense_") and not k.startswith("p_vs_dense_corrected_")
+                                        for k in r)]
     n = n_comparisons or max(1, len(tested))
+    basis = ("set by --n-comparisons" if n_comparisons else
+             f"over the {len(tested)} row{'s' if len(tested) != 1 else ''} tested against the dense run")
     warnings = []
     qrels = {str(r.get("qrels")) for r in results if r.get("qrels")}
     if len(qrels) > 1:
@@ -98,8 +109,8 @@ def build_table(results: Sequence[dict], labels: Sequence[str], columns: Sequenc
             if p is not None and bonferroni(p, n) < alpha:
                 sig.append(c)
         rows.append({"label": lab, "values": {c: _num(r.get(c)) for c in cols}, "significant": sig})
-    return {"columns": cols, "rows": rows, "alpha": alpha, "bonferroni_n": n, "reference": reference,
-            "warnings": warnings}
+    return {"columns": cols, "rows": rows, "alpha": alpha, "bonferroni_n": n, "bonferroni_basis": basis,
+            "reference": reference, "warnings": warnings}
 
 
 def _resolved(p) -> str:
@@ -111,7 +122,9 @@ def caption(table: dict, queries: int | None = None) -> str:
     ref = table["reference"] or "the dense run"
     q = f"{queries} queries; " if queries else ""
     return (f"{q}values x100 except FLOPs (mean shared terms per query-image pair) and *_terms (non-zeros "
-            f"per vector); † p < {table['alpha']:g} vs {ref} (paired two-tailed t-test, Bonferroni x{table['bonferroni_n']})")
+            f"per vector); † p < {table['alpha']:g} vs {ref} (paired two-tailed t-test, Bonferroni "
+            f"x{table['bonferroni_n']}" + (f", {table['bonferroni_basis']}" if table.get("bonferroni_basis") else "")
+            + ")")
 
 
 def cells(table: dict, row: dict) -> list[str]:

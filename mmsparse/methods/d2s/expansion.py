@@ -20,19 +20,14 @@ epoch of expansion starting.
 
 Caption terms: Algorithm 1 as printed multiplies a caption's own terms by E_v too
 (`mask_caption_terms=True`, only meaningful for caption-word); the prose only speaks of
-controlling expansion (`mask_caption_terms=False`). See `DEFAULT_MASK_CAPTION_TERMS`.
+controlling expansion (`mask_caption_terms=False`); the printed algorithm is the default.
 """
 
 from __future__ import annotations
 
-# torch/numpy are imported inside the methods so `train-head --help` (which reads MODES) is fast.
+# torch/numpy are imported inside the methods so that importing the config stays light.
 
-MODES = ("none", "full", "caption", "caption-word")
-PAPER_NAMES = {"none": "exp=0", "full": "exp=1", "caption": "exp=c", "caption-word": "exp=c+w"}
-# Printed Algorithm 1: frequent caption terms (a, the, in, ...) are also dropped at random early
-# on, so queries cannot lean on them and their long posting lists.
-DEFAULT_MASK_CAPTION_TERMS = True
-
+from .config import EXPANSION_MODES as MODES
 
 class ExpansionControl:
     """Per-epoch expansion probabilities and per-batch Bernoulli masks.
@@ -41,7 +36,7 @@ class ExpansionControl:
     captions (fraction of captions containing it, in [0, 1]); epochs: total epochs E.
     """
 
-    def __init__(self, mode: str, df, epochs: int, mask_caption_terms: bool = DEFAULT_MASK_CAPTION_TERMS):
+    def __init__(self, mode: str, df, epochs: int, mask_caption_terms: bool = True):
         import numpy as np
         import torch
 

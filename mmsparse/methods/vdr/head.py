@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import math
 import warnings
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import SparseHead, register_head
+from ..head import SparseHead
 
 SIDES = ("text", "image")
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
@@ -73,14 +71,14 @@ class _MaxPoolLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, lengths, chunk):
         nv, b = weight.shape[0], x.shape[0]
-        out = torch.empty(nv, b)
+        out = torch.empty(nv, b, device=x.device, dtype=weight.dtype)
         ctx.parts = []
         for c0 in range(0, b, chunk):
             c1 = min(b, c0 + chunk)
             lc = int(lengths[c0])
             xc = x[c0:c1, :lc].reshape(-1, x.shape[2])
             ut = torch.addmm(bias.unsqueeze(1), weight, xc.t()).view(nv, c1 - c0, lc)
-            pad = torch.arange(lc).unsqueeze(0) >= lengths[c0:c1].unsqueeze(1)      # [n, lc]
+            pad = torch.arange(lc, device=x.device).unsqueeze(0) >= lengths[c0:c1].unsqueeze(1)  # [n, lc]
             if bool(pad.any()):
                 ut.masked_fill_(pad.unsqueeze(0), float("-inf"))
             val, idx = ut.max(-1)
@@ -99,7 +97,7 @@ class _MaxPoolLinear(torch.autograd.Function):
             v_i, b_i = torch.nonzero(gc, as_tuple=True)     # sorted by v: CSR order
             if v_i.numel() == 0:
                 continue
-            crow = torch.zeros(nv + 1, dtype=torch.int64)
+            crow = torch.zeros(nv + 1, dtype=torch.int64, device=gc.device)
             crow[1:] = torch.cumsum(torch.bincount(v_i, minlength=nv), 0)
             s = torch.sparse_csr_tensor(crow, b_i * lc + idx[v_i, b_i], gc[v_i, b_i], (nv, xc.shape[0]),
                                         check_invariants=False)
@@ -115,13 +113,13 @@ def sort_positions(x: torch.Tensor, mask: torch.Tensor | None):
     original row of each x' row). A row whose mask is all zero counts as all real."""
     b, l_, _ = x.shape
     if mask is None:
-        return x, torch.full((b,), l_, dtype=torch.int64), torch.arange(b)
+        return x, torch.full((b,), l_, dtype=torch.int64, device=x.device), torch.arange(b, device=x.device)
     keep = mask.bool()
     keep = keep | ~keep.any(1, keepdim=True)
     lens = keep.sum(1)
     order = torch.argsort(lens, descending=True, stable=True)
     xs, ks = x[order], keep[order]
-    prefix = bool((ks == (torch.arange(l_).unsqueeze(0) < lens[order].unsqueeze(1))).all())
+    prefix = bool((ks == (torch.arange(l_, device=x.device).unsqueeze(0) < lens[order].unsqueeze(1))).all())
     if not prefix:  # move real positions to the front (encode-dense pads on the right: rare)
         front = torch.argsort((~ks).to(torch.int8), dim=1, stable=True)
         xs = torch.gather(xs, 1, front.unsqueeze(-1).expand(-1, -1, x.shape[2]))
@@ -153,7 +151,6 @@ class DSTHead(nn.Module):
         return elu1p(u.index_select(0, torch.argsort(order)))
 
 
-@register_head("vdr")
 class VDRHead(SparseHead):
     """config: dim (pooled d), vocab_size (|V|), omega (ω), text_input / image_input
     ("token_states" | "patch_states" | "vectors"), text_hidden / image_hidden (h of each tower's
@@ -164,6 +161,8 @@ class VDRHead(SparseHead):
     forward(x, mask=None, side="image") -> V(x) [B, |V|] float32 (> 0, ungated). Gate with `gate`.
     """
 
+    method = "vdr"
+
     def __init__(self, config: dict, vocab: list[str]):
         super().__init__(config, vocab)
         v = int(config["vocab_size"])
@@ -172,7 +171,6 @@ class VDRHead(SparseHead):
         # CLIP-style learnable temperature: logits = exp(logit_scale) * cos, τ = exp(-logit_scale)
         self.logit_scale = nn.Parameter(torch.tensor(math.log(1.0 / float(config.get("tau", 0.07)))))
         self.register_buffer("token_ids", torch.arange(v, dtype=torch.int64))
-        self.tokenizer = None
 
     @classmethod
     def from_vocab(cls, vocab, dim: int, text_hidden: int, image_hidden: int, text_input: str,
@@ -212,9 +210,3 @@ class VDRHead(SparseHead):
     def scale(self) -> torch.Tensor:
         """1/τ, clamped to <= 100 as in CLIP."""
         return self.logit_scale.exp().clamp(max=100.0)
-
-    def save_pretrained(self, path: str | Path) -> None:
-        """config.json + model.safetensors + vocab.txt (atomically), then tokenizer/."""
-        super().save_pretrained(path)
-        if self.tokenizer is not None:
-            self.tokenizer.save_pretrained(str(Path(path) / "tokenizer"))

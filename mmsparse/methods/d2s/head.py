@@ -1,6 +1,7 @@
 """Dense2Sparse (D2S) multimodal sparse projection head (Nguyen et al., D2S paper §4.1, eq. 4-5).
 
-    z1 = W1 z            W1: [ω, d], no bias (the LayerNorm that follows removes any offset)
+    z1 = W1 z            W1: [ω, d], no bias, as eq. 4 writes it (LayerNorm removes only a
+                         constant offset across the ω features, not a general bias)
     z2 = LN(z1)          eq. 5, learnable γ, β
     s  = W2 z2 + b       W2: [|V|, ω] initialised from the vocabulary's input embeddings
     s  = log(1 + ReLU(s))
@@ -12,12 +13,10 @@ The head directory additionally holds `tokenizer/` (the vocabulary's tokenizer) 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from torch import nn
 
-from .base import SparseHead, register_head
+from ..head import SparseHead
 
 
 class _LogReluLinear(torch.autograd.Function):
@@ -83,13 +82,14 @@ class _LiveLogReluLinear(torch.autograd.Function):
         return gx, gw, gb
 
 
-@register_head("d2s")
 class D2SHead(SparseHead):
     """config: dim (d), vocab_size (|V|), omega (ω), vocab_source, plus `training` provenance.
     Buffer token_ids [|V|] int64: the tokenizer id of each output term.
 
     forward: z [B, d] float32 -> s [B, |V|] float32, s >= 0.
     """
+
+    method = "d2s"
 
     def __init__(self, config: dict, vocab: list[str]):
         super().__init__(config, vocab)
@@ -99,7 +99,6 @@ class D2SHead(SparseHead):
         self.w2 = nn.Linear(omega, v, bias=True)
         # tokenizer id of each output term (a sub-vocabulary keeps a subset of the tokenizer's)
         self.register_buffer("token_ids", torch.arange(v, dtype=torch.int64))
-        self.tokenizer = None  # set by from_vocab / load_tokenizer; not part of the state dict
 
     @classmethod
     def from_vocab(cls, dim: int, vocab, training: dict | None = None, init_bias: float = 0.0) -> "D2SHead":
@@ -116,7 +115,10 @@ class D2SHead(SparseHead):
         head.tokenizer = vocab.tokenizer
         return head
 
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
+    def forward(self, z: torch.Tensor, mask: torch.Tensor | None = None, side: str = "image") -> torch.Tensor:
+        """z [B, d] float32 -> s [B, |V|] float32 >= 0 (eq. 4-5); one head for both sides."""
+        if z.dim() != 2:
+            raise ValueError(f"D2S heads take pooled vectors [B, d], got shape {tuple(z.shape)}")
         return _LogReluLinear.apply(self.norm(self.w1(z)), self.w2.weight, self.w2.bias)
 
     def forward_live(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,26 +126,3 @@ class D2SHead(SparseHead):
         L vocabulary columns positive in at least one row of the batch (all others are exactly 0 in
         forward() and get no gradient). Same loss and gradients as forward(), less work once sparse."""
         return _LiveLogReluLinear.apply(self.norm(self.w1(z)), self.w2.weight, self.w2.bias)
-
-    def save_pretrained(self, path: str | Path) -> None:
-        """config.json + model.safetensors + vocab.txt (atomically), then tokenizer/."""
-        super().save_pretrained(path)
-        if self.tokenizer is not None:
-            self.tokenizer.save_pretrained(str(Path(path) / "tokenizer"))
-
-
-def load_tokenizer(head: SparseHead, head_dir: str | Path):
-    """The head's tokenizer: HEAD_DIR/tokenizer/, else the config's `vocab_source` model path.
-    Raises InputError when neither exists."""
-    from transformers import AutoTokenizer
-
-    from ..errors import InputError
-
-    if getattr(head, "tokenizer", None) is not None:
-        return head.tokenizer
-    for cand in (Path(head_dir) / "tokenizer", Path(str(head.config.get("vocab_source", "")))):
-        if str(cand) and (cand / "tokenizer_config.json").is_file():
-            head.tokenizer = AutoTokenizer.from_pretrained(str(cand))
-            return head.tokenizer
-    raise InputError(f"{head_dir}: no tokenizer/ and vocab_source {head.config.get('vocab_source')!r} "
-                     "is not a tokenizer directory; needed for --query-mode caption-terms")

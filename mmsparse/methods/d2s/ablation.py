@@ -1,6 +1,6 @@
 """D2S expansion × η ablation (paper Table 3 / Fig. 2a): evaluate many heads on one split.
 
-    python -m mmsparse.metrics.ablation HEAD_DIR... --images test-images.h5 --captions test-captions.h5
+    python -m mmsparse.methods.d2s.ablation HEAD_DIR... --images test-images.h5 --captions test-captions.h5
         -o work/ablation/table.json --plot work/ablation/flops_vs_R@1.png
 
 Each head is scored exhaustively (every caption against every image, sparse dot products) — the
@@ -19,15 +19,15 @@ import argparse
 import json
 from pathlib import Path
 
-from ..atomic import atomic_path
+from ...atomic import atomic_path
 
 
 def evaluate_heads(head_dirs: list[Path], images: Path, captions: Path, qrels: Path | None = None) -> list[dict]:
     """One row per head (see the module doc); heads must share the dense files' dimension. qrels pairs
     captions with images when the captions file has no image_ids. Raises InputError on bad inputs."""
-    from ..heads import load_head
-    from ..heads.d2s import load_tokenizer
-    from ..training import evaluate_head, load_pairs
+    from ..head import load_head, require_tokenizer
+    from ..pairs import load_pairs
+    from .method import evaluate_head
 
     data = load_pairs(images, captions, qrels)
     rows = []
@@ -40,7 +40,7 @@ def evaluate_heads(head_dirs: list[Path], images: Path, captions: Path, qrels: P
                "query_mode": "caption-terms" if exp == "none" else "expand"}
         for mode in ("expand", "caption-terms"):
             if mode == "caption-terms":
-                data.tokenize(load_tokenizer(head, h))
+                data.tokenize(require_tokenizer(head, h))
                 data.set_columns(head.token_ids.numpy())
             m = evaluate_head(head, data, query_mode=mode)
             vals = {"R@1": m["R@1"], "R@5": m["R@5"], "R@10": m["R@10"], "RR@10": m["MRR@10"],
@@ -55,10 +55,11 @@ def evaluate_heads(head_dirs: list[Path], images: Path, captions: Path, qrels: P
 
 def plot_ablation(rows: list[dict], path: Path, measure: str = "R@1") -> None:
     """FLOPs (log x) vs `measure` (%), one line per expansion mode through its η values (Fig. 2a)."""
-    from .plots import _figure, _save
-    from ..pec import PAPER_NAMES
+    from ...metrics.plots import _figure, _save, format_log_axis
+    from .config import PAPER_NAMES
 
     fig, ax = _figure()
+    xs = [r["FLOPs"] for r in rows if r["FLOPs"] > 0]
     for mode in PAPER_NAMES:
         pts = sorted((r["FLOPs"], r[measure], r["eta"]) for r in rows if r["expansion"] == mode and r["FLOPs"] > 0)
         if not pts:
@@ -67,6 +68,8 @@ def plot_ablation(rows: list[dict], path: Path, measure: str = "R@1") -> None:
         for x, y, eta in pts:
             ax.annotate(f"η={eta:g}", (x, 100 * y), textcoords="offset points", xytext=(3, 3), fontsize=6)
     ax.set_xscale("log")
+    if xs:
+        format_log_axis(ax.xaxis, min(xs), max(xs))
     ax.set_xlabel("FLOPs (mean shared terms per query-image pair)")
     ax.set_ylabel(f"{measure} (%)")
     ax.legend(fontsize=7)

@@ -21,13 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import register_head
-from .d2s import D2SHead
+from ..d2s.head import D2SHead
 
 MODALITIES = ("image", "text")
 
 
-@register_head("joint")
 class JointHead(D2SHead):
     """config: the D2S fields (dim d = projection output, vocab_size, omega, vocab_source, training)
     plus image_dim (h_img), text_dim (h_txt), proj_bias (bool), tau_init (float).
@@ -35,6 +33,8 @@ class JointHead(D2SHead):
     Parameters: w1, norm, w2 (D2S), image_proj [d, h_img], text_proj [d, h_txt] (nn.Linear),
     log_tau (scalar; τ = exp(log_tau), clamped to >= 0.01 as CLIP clamps its logit scale).
     """
+
+    method = "joint"
 
     def __init__(self, config: dict, vocab: list[str]):
         super().__init__(config, vocab)

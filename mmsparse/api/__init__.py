@@ -1,0 +1,45 @@
+"""The library API: one function per stage, the same inputs, options and outputs as the commands.
+
+    import mmsparse
+    head = mmsparse.train_head("train-images.h5", "train-captions.h5", out="heads/d2s",
+                               val_images="val-images.h5", val_captions="val-captions.h5")
+    mmsparse.sparsify(head, "test-images.h5", out="sparse/test-images.h5")
+
+Inputs are positional, the output is `out=`, and every command-line option is the keyword of
+the same name (dashes -> underscores). Long calls take `progress=` (mmsparse.progress.Reporter).
+No function here prints, parses a command line or exits; errors are `mmsparse.errors.InputError`.
+Each stage lives in its own module; this package imports them only when a name is first used,
+so `import mmsparse` stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+# public name -> module of mmsparse.api that defines it
+_WHERE = {
+    "encode_dense": "encode",
+    "train_head": "train",
+    "load_head": "train",
+    "sparsify": "sparsify",
+    "build_index": "index",
+    "search": "search",
+    "evaluate": "evaluate",
+    "evaluate_table": "evaluate",
+    "inspect_terms": "inspect",
+    "inspect_provenance": "inspect",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'mmsparse.api' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

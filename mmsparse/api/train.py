@@ -1,0 +1,137 @@
+"""`train_head`: train any method's head on dense files; `load_head`: load any method's head."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from .. import provenance
+from ..errors import InputError
+from ..methods import canonical, get_config_class, get_method
+from ..methods.base import TrainInputs, make_config
+from ..methods.head import load_head
+from ..progress import reporter
+
+__all__ = ["train_head", "load_head", "resolve_config", "workspace_inputs"]
+
+
+@provenance.recorded("train_images", "train_captions", "val_images", "val_captions", "qrels", "val_qrels", "config")
+def train_head(train_images: str | Path | None = None, train_captions: str | Path | None = None, *,
+               out: str | Path, method: str = "d2s", val_images: str | Path | None = None,
+               val_captions: str | Path | None = None, qrels: str | Path | None = None,
+               val_qrels: str | Path | None = None, backbone: str | None = None,
+               config: str | Path | None = None, device: str = "cpu", threads: int | None = None,
+               restart: bool = False, keep_checkpoint: bool = False, progress=None, **options) -> Path:
+    """Train a sparse head with `method` (d2s, joint, vdr, bm25v, or a plugin) and save it to `out`.
+
+    train_images / train_captions: dense HDF5 files (mmsparse.encode_dense); bm25v needs only the
+    images (with patch_states). val_images / val_captions pick the saved epoch by validation.
+    qrels / val_qrels pair captions with images when the caption files lack `image_ids`.
+    backbone: instead of paths, read $MMSPARSE_WORK/dense/NAME/{train,val}-{images,captions}.h5.
+    config: a TOML or JSON file of options (or a head's config.json, to train with its config).
+    **options: the method's options (`mmsparse train-head --help` lists them; keywords are the
+    flags without dashes, e.g. eta=1e-3, expansion="caption"); they override `config`.
+    device: cpu, cuda, cuda:N. threads: torch CPU threads (None: leave as is).
+    A run writes OUT.ckpt/last.pt after every epoch; a rerun with the same inputs and options
+    resumes from it (restart=True starts over); it is removed on success unless keep_checkpoint.
+    Returns `out`. Raises InputError on bad inputs or options.
+    """
+    import torch
+
+    from ..trainer import fit
+
+    rep = reporter(progress)
+    method = canonical(method, "--method")
+    cfg = make_config(get_config_class(method), resolve_config(config, options, method),
+                      f"{config}" if config else "options")
+    if device != "cpu" and not (str(device).startswith("cuda") and torch.cuda.is_available()):
+        raise InputError(f"--device {device}: not available here; use --device cpu")
+    inputs = _inputs(train_images, train_captions, val_images, val_captions, qrels, val_qrels, backbone)
+    if threads:
+        torch.set_num_threads(threads)
+    out = Path(out)
+    t0 = time.time()
+    m = get_method(method)(cfg)
+    head, train, val = m.setup(inputs, rep)
+    rep.log(f"train-head {method}: loaded in {time.time() - t0:.0f}s")
+    ckpt_dir = Path(str(out).rstrip("/") + ".ckpt")
+    if restart and ckpt_dir.exists():
+        shutil.rmtree(ckpt_dir)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    res = fit(m, head, train, val, ckpt_dir=ckpt_dir, device=device, progress=rep)
+    head.to("cpu")
+    head.load_state_dict(res.state)
+    chosen = res.history[res.best_epoch - 1]
+    head.config["training"] = {**m.training, "method": method, "config": asdict(cfg), "best_epoch": res.best_epoch,
+                               "val": chosen.get("val"), "seconds": round(time.time() - t0, 1),
+                               "history": res.history}
+    head.save_pretrained(out)
+    if not keep_checkpoint:
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
+    v = chosen.get("val") or {}
+    rep.log(f"saved epoch {res.best_epoch} to {out}"
+            + (f" (val R@1 {v['R@1']:.4f}, R@10 {v['R@10']:.4f}, FLOPs {v['FLOPs']:.1f})" if "R@1" in v else "")
+            + f" in {time.time() - t0:.0f}s")
+    return out
+
+
+def resolve_config(config: str | Path | None, options: dict, method: str | None = None) -> dict:
+    """Options from a config file (TOML, or JSON; a head's config.json gives the config it was
+    trained with), overridden by `options` (keys with dashes or underscores). InputError when the
+    file is unreadable or names another method."""
+    values: dict = {}
+    if config is not None:
+        p = Path(config)
+        if not p.is_file():
+            raise InputError(f"{p}: config file not found")
+        try:
+            if p.suffix == ".toml":
+                import tomllib
+                values = tomllib.loads(p.read_text(encoding="utf-8"))
+            else:
+                values = json.loads(p.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise InputError(f"{p}: not a TOML/JSON config ({e})") from None
+        if isinstance(values.get("training"), dict) and "config" in values["training"]:  # a head's config.json
+            values = {"method": values.get("method"), **values["training"]["config"]}
+        named = values.pop("method", None)
+        if named and method and canonical(named, f"{p}: method") != method:
+            raise InputError(f"{p}: method = {named!r} but training method {method!r}; pass --method {named}")
+    values = {k.replace("-", "_"): v for k, v in values.items()}
+    values.update({k.replace("-", "_"): v for k, v in options.items()})
+    return values
+
+
+def workspace_inputs(name: str) -> dict[str, Path | None]:
+    """Dense inputs of backbone `name` under $MMSPARSE_WORK/dense/NAME (default ./work/dense/NAME).
+    Raises InputError naming every missing file."""
+    root = Path(os.environ.get("MMSPARSE_WORK", "work")) / "dense" / name
+    files: dict = {f"{s}_{k}": root / f"{s}-{k}.h5" for s in ("train", "val") for k in ("images", "captions")}
+    missing = [str(p) for p in files.values() if not p.is_file()]
+    if missing:
+        raise InputError(f"--backbone {name}: missing {', '.join(missing)}; run `mmsparse encode-dense "
+                         f"--backbone {name} -o {root}` for the train and val splits (or set MMSPARSE_WORK)")
+    for s in ("train", "val"):
+        q = root / f"{s}.qrels"
+        files[f"{s}_qrels"] = q if q.is_file() else None
+    return files
+
+
+def _inputs(train_images, train_captions, val_images, val_captions, qrels, val_qrels, backbone) -> TrainInputs:
+    if backbone is not None:
+        if train_images or train_captions:
+            raise InputError("give either TRAIN_IMAGES TRAIN_CAPTIONS or --backbone, not both")
+        ws = workspace_inputs(backbone)
+        train_images, train_captions = ws["train_images"], ws["train_captions"]
+        val_images, val_captions = val_images or ws["val_images"], val_captions or ws["val_captions"]
+        qrels, val_qrels = qrels or ws["train_qrels"], val_qrels or ws["val_qrels"]
+        provenance.add_inputs([train_images, train_captions, val_images, val_captions, qrels, val_qrels])
+    if train_images is None:
+        raise InputError("missing TRAIN_IMAGES TRAIN_CAPTIONS (or --backbone NAME)")
+    p = (lambda x: Path(x) if x is not None else None)
+    return TrainInputs(Path(train_images), p(train_captions), p(val_images), p(val_captions), p(qrels), p(val_qrels))

@@ -1,0 +1,192 @@
+"""D2S as a Method: Algorithm 1 with eq. 7 on frozen dense vectors, validation, sparsify.
+
+Data: every caption paired with its own image (mmsparse.methods.pairs). One epoch = one pass
+over the captions in a seeded random order, in batches of `batch_size` captions; a batch's
+images are its captions' distinct images (loss.py). Per batch, one head projection of the
+captions and images restricted to the vocabulary columns live in the batch (exact, head.py),
+the expansion mask (expansion.py), then eq. 7.
+"""
+
+from __future__ import annotations
+
+import math
+
+import h5py
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from ...atomic import kill_point
+from ...errors import InputError
+from ...formats._h5 import read_strings
+from ...formats.dense import iter_dense
+from ...metrics.exhaustive import sparse_retrieval_metrics
+from ...vocab import (caption_token_ids, document_frequency, indicator, indicator_cols, load_vocab, pad_ids,
+                      restrict_to_frequent, to_columns)
+from ..base import Method, Sparsified
+from ..head import require_tokenizer
+from ..pairs import PairData, check_inputs, load_pairs, training_record
+from .config import D2SConfig
+from .expansion import ExpansionControl
+from .head import D2SHead
+from .loss import d2s_loss, eta_at
+
+
+@torch.no_grad()
+def encode_sparse(head, z: torch.Tensor | np.ndarray, batch: int = 1024,
+                  keep: torch.Tensor | None = None) -> sp.csr_matrix:
+    """Head outputs of z [N, d] as CSR [N, |V|] float32. keep: optional [N, L] padded term
+    columns (pad = |V|): zero every term not listed (caption-term queries)."""
+    z = torch.as_tensor(z, dtype=torch.float32).to(next(head.parameters()).device)
+    v = int(head.config["vocab_size"])
+    parts = []
+    for s in range(0, z.shape[0], batch):
+        out = head(z[s:s + batch])
+        if keep is not None:
+            out = out * indicator(keep[s:s + batch], v).to(out.device)
+        parts.append(sp.csr_matrix(out.cpu().numpy()))
+    return sp.vstack(parts, format="csr") if parts else sp.csr_matrix((0, v), dtype=np.float32)
+
+
+def evaluate_head(head, data: PairData, query_mode: str = "expand") -> dict:
+    """Caption->image retrieval on a whole split, sparse dot products of every pair: R@1/5/10,
+    MRR@10, FLOPs (eq. 1), q_nnz / d_nnz. query_mode caption-terms keeps only each caption's own
+    terms (needs data.tok)."""
+    head.eval()
+    d = encode_sparse(head, data.z_img)
+    q = encode_sparse(head, data.z_cap, keep=data.tok if query_mode == "caption-terms" else None)
+    return sparse_retrieval_metrics(q, d, data.cap_img.cpu().numpy())
+
+
+class D2S(Method):
+    """Dense2Sparse with probabilistic expansion control (D2S paper §4)."""
+
+    name = "d2s"
+    config_class = D2SConfig
+    head_class = D2SHead
+    query_modes = ("expand", "caption-terms")
+
+    # -- data and head --------------------------------------------------------------------
+    def setup(self, inputs, progress=None):
+        cfg = self.cfg
+        train = load_pairs(inputs.train_images, inputs.train_captions, inputs.qrels)
+        val = load_pairs(inputs.val_images, inputs.val_captions, inputs.val_qrels) if inputs.val_images else None
+        check_inputs(inputs)
+        voc = load_vocab(cfg.vocab_model, train.attrs_cap)
+        train.tokenize(voc.tokenizer)
+        voc = restrict_to_frequent(voc, train.raw_ids, cfg.vocab_min_df)
+        self.training = training_record(inputs, train.attrs_cap, vocab_min_df=cfg.vocab_min_df)
+        torch.manual_seed(cfg.seed)
+        head = self.new_head(train, voc)
+        train.set_columns(head.token_ids.numpy())
+        if val is not None:
+            val.tokenize(voc.tokenizer)
+            val.set_columns(head.token_ids.numpy())
+        self.fingerprint = {"inputs": dict(self.training), "vocab_size": len(voc.terms), "n_captions": len(train.cap_ids)}
+        self.pec = ExpansionControl(cfg.expansion, document_frequency(train.token_ids, len(voc.terms)), cfg.epochs,
+                                    cfg.mask_caption_terms)
+        return head, train, val
+
+    def new_head(self, train: PairData, voc) -> D2SHead:
+        """A fresh head over `voc` for vectors of train's dimension (W2 <- word embeddings)."""
+        return D2SHead.from_vocab(train.z_img.shape[1], voc, self.training, init_bias=self.cfg.init_bias)
+
+    def steps_per_epoch(self, train) -> int:
+        return math.ceil(train.z_cap.shape[0] / self.cfg.batch_size)
+
+    def start_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.pec.set_epoch(epoch)
+
+    def batches(self, train: PairData, generator, epoch: int):
+        """Captions in a seeded random order: (caption rows [B], their distinct images [U], train)."""
+        perm = torch.randperm(train.z_cap.shape[0], generator=generator)
+        spe = self.steps_per_epoch(train)
+        for b in range(spe):
+            if self.cfg.pec_schedule == "step":
+                self.pec.set_progress((epoch + b / spe) / self.cfg.epochs)
+            yield perm[b * self.cfg.batch_size:(b + 1) * self.cfg.batch_size], train
+
+    def loss(self, head, batch, step, generator, device):
+        """Eq. 7 on one batch: one head projection of [B + U, d] restricted to the live columns,
+        the expansion mask on the captions, L1 weight η ramped by the warm-up."""
+        idx, train = batch
+        cfg = self.cfg
+        v = int(head.config["vocab_size"])
+        idx = idx.to(train.z_cap.device)
+        uimg = torch.unique(train.cap_img[idx])
+        zc, zi = train.z_cap[idx], train.z_img[uimg]
+        s, cols = head.forward_live(torch.cat([zc, zi]))
+        s_cap, s_img = s[: len(idx)], s[len(idx):]
+        m = self.pec.mask(indicator_cols(train.tok[idx], cols, v), generator, cols)
+        raw = s_cap
+        if m is not None:
+            s_cap = s_cap * m
+        loss, parts = d2s_loss(s_cap, s_img, zc, zi, cfg.temperature, cfg.lam, eta_at(step, cfg.eta, cfg.warmup_steps),
+                               s_cap_l1=raw if cfg.l1_caption == "raw" else None)
+        with torch.no_grad():   # batch FLOPs proxy (eq. 1 on the batch)
+            parts["flops"] = float(((s_cap > 0).float().mean(0) * (s_img > 0).float().mean(0)).sum())
+        return loss, parts
+
+    def query_mode_of_head(self) -> str:
+        """The query mode the head is used in: a head trained without expansion (exp=0) never
+        learned expansion terms, so its queries are the captions' own terms (paper Table 3)."""
+        return "caption-terms" if self.cfg.expansion == "none" else "expand"
+
+    def validate(self, head, val: PairData) -> dict:
+        return {**evaluate_head(head, val, self.query_mode_of_head()), "query_mode": self.query_mode_of_head()}
+
+    def eligible(self, record: dict) -> bool:
+        return record["step"] >= self.cfg.warmup_steps   # before the L1 warm-up ends the head is not sparse
+
+    def epoch_figures(self) -> dict:
+        return {"p_c": self.pec.p_c}
+
+    def state_dict(self) -> dict:
+        return {"pec": self.pec.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.pec.load_state_dict(state["pec"])
+
+    def epoch_line(self, r: dict) -> str:
+        v = r.get("val") or {}
+        return (f"epoch {r['epoch']}: loss {r['loss']:.3f} batch-FLOPs {r['flops']:.1f} p_c {r['p_c']:.2f}"
+                + (f" | val R@1 {v['R@1']:.4f} R@10 {v['R@10']:.4f} FLOPs {v['FLOPs']:.1f} "
+                   f"terms/img {v['d_nnz']:.0f} terms/cap {v['q_nnz']:.0f}" if v else "") + f" ({r['seconds']:.0f}s)")
+
+    # -- inference ------------------------------------------------------------------------
+    @classmethod
+    def sparsify(cls, head, head_dir, dense, out, mode, options, batch_size, progress):
+        """Rows of `dense` through the head: documents and `expand` queries keep every term;
+        `caption-terms` queries keep only the caption's own tokens (the paper's exp=0 query)."""
+        v = int(head.config["vocab_size"])
+        n, texts_ds, dim = _shape(dense)
+        if dim != head.dim:
+            raise InputError(f"{dense}: vectors have d={dim} but head {head_dir} expects d={head.dim}; "
+                             "use the head trained on this backbone's vectors")
+        if mode == "caption-terms":
+            if not texts_ds:
+                raise InputError(f"{dense}: no 'texts' dataset, needed for --query-mode caption-terms")
+            tok = require_tokenizer(head, head_dir)
+            tids = head.token_ids.numpy()
+        ids, parts, texts = [], [], []
+        with torch.no_grad(), h5py.File(dense, "r") as f, progress.task(f"sparsify {mode}", total=n) as bar:
+            for chunk_ids, vec in iter_dense(dense, chunk_rows=batch_size):
+                s = head(torch.from_numpy(vec))
+                t = read_strings(f["texts"][len(ids):len(ids) + len(chunk_ids)]) if texts_ds else None
+                if mode == "caption-terms":
+                    s = s * indicator(pad_ids(to_columns(caption_token_ids(tok, t), tids), v), v)
+                ids.extend(chunk_ids)
+                texts.extend(t or [])
+                parts.append(sp.csr_matrix(s.numpy()))
+                bar.advance(len(chunk_ids))
+                kill_point()  # tests: MMSPARSE_TEST_KILL_AFTER interrupts here
+        m = sp.vstack(parts, format="csr") if parts else sp.csr_matrix((0, v), dtype=np.float32)
+        return Sparsified(ids, m, texts if texts_ds else None, {})
+
+
+def _shape(dense) -> tuple[int, bool, int]:
+    """(rows, has texts, vector dim) of a dense file."""
+    with h5py.File(dense, "r") as f:
+        return int(f["ids"].shape[0]), "texts" in f, int(f["vectors"].shape[1])
+

@@ -1,0 +1,41 @@
+"""Options of joint sparse-dense self-distillation (Song et al., CIKM 2025, "Sparse and Dense
+Retrievers Learn Better Together", §2.3, eq. 2-3). The sparse head is D2S's, so its options are
+too (λ and the teacher temperature of eq. 7 are not used: the dense scores here are trained)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..base import option
+from ..d2s.config import D2SConfig
+
+
+@dataclass
+class JointConfig(D2SConfig):
+    """D2S's fields (with joint's defaults) plus eq. 2-3's weights and the dense projections'."""
+
+    sparsify_options = {"dense_out": (None, "Joint heads: also write the tuned dense vectors here (default: OUT "
+                                            "without .h5 + '.dense.h5'). DENSE must hold pre_projection states.", Path)}
+
+    epochs: int = option(5, "Passes over the training data.", min=1)
+    eta: float = option(1e-3, "η_t, L1 weight of caption vectors (eq. 3).", min=0.0)
+    warmup_steps: int = option(0, "L1 warm-up: η ramps quadratically over the first N optimizer steps.", min=0)
+    w1: float = option(0.3, "Weight of s_dense in s_inter = w1·s_dense + w2·s_sparse.", min=0.0)
+    w2: float = option(1.0, "Weight of s_sparse in s_inter.", min=0.0)
+    lambda_dense: float = option(1.0, "λ1: weight of the InfoNCE loss of s_dense (eq. 2).", min=0.0)
+    lambda_sparse: float = option(1.0, "λ2: weight of the InfoNCE loss of s_sparse.", min=0.0)
+    lambda_inter: float = option(1.0, "λ3: weight of the InfoNCE loss of s_inter.", min=0.0)
+    distill: bool = option(True, "Add the self-distillation loss L' (s_inter teaches s_dense and s_sparse); "
+                           "--no-distill = contrastive only (paper Table 3, row 2).")
+    tune_projection: bool = option(True, "Train copies of the backbone's image and text projections "
+                                   "(--freeze-projection: paper Table 3, row 1).",
+                                   flag="--tune-projection/--freeze-projection")
+    proj_lr: float = option(1e-4, "AdamW peak learning rate of the projections (no weight decay); --lr applies to "
+                            "the sparse head and τ.", min=0.0)
+    tau_init: float = option(0.05, "Initial learnable dense temperature τ (s_dense = ⟨h_t, h_i⟩/τ; kept >= 0.01).",
+                             min=0.01)
+    eta_image: float | None = option(None, "η_i, L1 weight of image vectors (default: --eta).", min=0.0)
+    caption_per_image: bool = option(True, "An epoch visits every image once with one random caption of it "
+                                     "(batches of distinct pairs, as eq. 2) or every caption.",
+                                     flag="--caption-per-image/--all-captions")

@@ -1,0 +1,263 @@
+"""Joint sparse-dense self-distillation as a Method (Song et al., CIKM 2025, §2.3).
+
+Trains, on stored pre-projection states only (no image passes through the backbone), the D2S
+sparse head together with copies of the backbone's final projections (head.py), on eq. 3
+(loss.py). Expansion control masks the caption sparse vectors as in D2S. An epoch (default)
+visits every image once with one of its captions drawn at random, so a batch holds distinct pairs
+as eq. 2 assumes; --all-captions walks every caption instead. Sparsify re-projects the stored
+pre-projection states with the tuned projections, writes those dense vectors, and sparsifies them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+
+from ...errors import InputError
+from ...formats._h5 import read_strings
+from ...formats.dense import DenseWriter, read_dense_attrs
+from ...metrics.exhaustive import dense_retrieval_metrics
+from ...vocab import document_frequency, indicator, load_vocab, restrict_to_frequent
+from ..d2s.expansion import ExpansionControl
+from ..d2s.loss import eta_at
+from ..d2s.method import D2S, evaluate_head
+from ..pairs import PairData, check_inputs, load_pairs, training_record
+from .config import JointConfig
+from .head import JointHead
+from .loss import joint_loss
+
+
+@dataclass
+class StatePairs:
+    """A split's pairs (PairData: vectors = the backbone's own projected vectors) plus
+    pre_img [Ni, h_img] / pre_cap [Nc, h_txt] float32 pre-projection states and the backbone's
+    projection weights proj {"image_proj_weight" [d, h_img], "text_proj_weight" [d, h_txt], ...}."""
+
+    pairs: PairData
+    pre_img: torch.Tensor
+    pre_cap: torch.Tensor
+    proj: dict
+
+    def to(self, device) -> "StatePairs":
+        self.pairs.to(device)
+        self.pre_img, self.pre_cap = self.pre_img.to(device), self.pre_cap.to(device)
+        return self
+
+
+def read_states(path: str | Path) -> tuple[np.ndarray, dict]:
+    """(pre_projection [N, h] float32, {name: array} of the file's *_proj_weight / *_proj_bias).
+    Raises InputError when the file has no pre-projection states."""
+    with h5py.File(path, "r") as f:
+        if "pre_projection" not in f:
+            raise InputError(f"{path}: no 'pre_projection' dataset; --method joint trains on pre-projection "
+                             "states: re-encode with `mmsparse encode-dense --pre-projection`")
+        pre = f["pre_projection"][()].astype(np.float32)
+        if pre.shape[0] != f["ids"].shape[0]:
+            raise InputError(f"{path}: pre_projection has {pre.shape[0]} rows for {f['ids'].shape[0]} ids")
+        proj = {k: f[k][()].astype(np.float32) for k in f if k.endswith(("_proj_weight", "_proj_bias"))}
+    return pre, proj
+
+
+def load_state_pairs(images: str | Path, captions: str | Path, qrels: str | Path | None = None) -> StatePairs:
+    """Pairs + pre-projection states of one split. Raises InputError if the projection weights are
+    missing or do not reproduce the stored vectors (normalize(p Wᵀ + b) must equal `vectors`)."""
+    pairs = load_pairs(images, captions, qrels)
+    pre_i, proj_i = read_states(images)
+    pre_c, proj_c = read_states(captions)
+    proj = {**proj_c, **proj_i}
+    for side, pre, vec, path in (("image", pre_i, pairs.z_img, images), ("text", pre_c, pairs.z_cap, captions)):
+        w = proj.get(f"{side}_proj_weight")
+        if w is None:
+            raise InputError(f"{path}: no '{side}_proj_weight' dataset; re-encode with --pre-projection")
+        if w.shape[1] != pre.shape[1]:
+            raise InputError(f"{path}: {side}_proj_weight is {w.shape} but pre_projection has width {pre.shape[1]}")
+        k = min(256, pre.shape[0])
+        h = pre[:k] @ w.T + proj.get(f"{side}_proj_bias", 0.0)
+        h /= np.maximum(np.linalg.norm(h, axis=1, keepdims=True), 1e-12)
+        err = float(np.abs(h - vec[:k].numpy()).max()) if k else 0.0
+        if err > 1e-3:
+            raise InputError(f"{path}: normalize(pre_projection @ {side}_proj_weightᵀ) differs from `vectors` by "
+                             f"{err:.3g}; the stored weights are not the projection that made the vectors")
+    return StatePairs(pairs, torch.from_numpy(pre_i), torch.from_numpy(pre_c), proj)
+
+
+@torch.no_grad()
+def project_all(head, pre: torch.Tensor, modality: str, batch: int = 4096) -> torch.Tensor:
+    """Tuned dense vectors [N, d] of pre-projection states [N, h]."""
+    return torch.cat([head.project(pre[s:s + batch], modality) for s in range(0, pre.shape[0], batch)]) \
+        if pre.shape[0] else torch.zeros(0, head.dim)
+
+
+@torch.no_grad()
+def evaluate_joint(head, data: StatePairs, query_mode: str = "expand") -> dict:
+    """Sparse caption->image figures of the tuned vectors (evaluate_head) with the dense figures
+    of the tuned projections under "dense" (brute force)."""
+    head.eval()
+    hi, hc = project_all(head, data.pre_img, "image"), project_all(head, data.pre_cap, "text")
+    sparse = evaluate_head(head, replace(data.pairs, z_img=hi, z_cap=hc), query_mode)
+    return {**sparse, "dense": dense_retrieval_metrics(hc.cpu().numpy(), hi.cpu().numpy(),
+                                                       data.pairs.cap_img.cpu().numpy())}
+
+
+class Joint(D2S):
+    """The D2S head and the backbone's two projections, tuned together on eq. 3."""
+
+    name = "joint"
+    config_class = JointConfig
+    head_class = JointHead
+
+    def setup(self, inputs, progress=None):
+        cfg = self.cfg
+        check_inputs(inputs, "use files encoded with the same backbone and model (encode-dense --pre-projection)")
+        train = load_state_pairs(inputs.train_images, inputs.train_captions, inputs.qrels)
+        val = load_state_pairs(inputs.val_images, inputs.val_captions, inputs.val_qrels) if inputs.val_images else None
+        voc = load_vocab(cfg.vocab_model, train.pairs.attrs_cap)
+        train.pairs.tokenize(voc.tokenizer)
+        voc = restrict_to_frequent(voc, train.pairs.raw_ids, cfg.vocab_min_df)
+        self.training = training_record(inputs, train.pairs.attrs_cap, vocab_min_df=cfg.vocab_min_df)
+        torch.manual_seed(cfg.seed)
+        head = JointHead.from_backbone(voc, train.proj, self.training, init_bias=cfg.init_bias, tau_init=cfg.tau_init)
+        cols = head.token_ids.numpy()
+        train.pairs.set_columns(cols)
+        if val is not None:
+            val.pairs.tokenize(voc.tokenizer)
+            val.pairs.set_columns(cols)
+        self.fingerprint = {"inputs": dict(self.training), "vocab_size": len(voc.terms),
+                            "n_captions": len(train.pairs.cap_ids)}
+        self.pec = ExpansionControl(cfg.expansion, document_frequency(train.pairs.token_ids, len(voc.terms)),
+                                    cfg.epochs, cfg.mask_caption_terms)
+        self._order(train)
+        if val is not None and progress is not None:
+            d0 = evaluate_joint(head, val)["dense"]
+            progress.log(f"before training: val dense R@1 {d0['R@1']:.4f} R@10 {d0['R@10']:.4f}")
+        return head, train, val
+
+    def _order(self, train: StatePairs) -> None:
+        """Captions grouped by image, for drawing one caption per image and epoch."""
+        cap_img = train.pairs.cap_img
+        self.by_image = torch.argsort(cap_img, stable=True)
+        self.counts = torch.bincount(cap_img, minlength=train.pre_img.shape[0])
+        self.starts = torch.cumsum(self.counts, 0) - self.counts
+        self.images = torch.nonzero(self.counts > 0).squeeze(1)
+
+    def param_groups(self, head) -> list[dict]:
+        """The sparse head (lr, weight decay), τ (lr, no decay), the projections (proj_lr, no
+        decay; frozen with --freeze-projection)."""
+        cfg = self.cfg
+        proj = [*head.image_proj.parameters(), *head.text_proj.parameters()]
+        for p in proj:
+            p.requires_grad_(cfg.tune_projection)
+        sparse = [p for n, p in head.named_parameters() if n.split(".")[0] in ("w1", "norm", "w2")]
+        return [{"params": sparse, "lr": cfg.lr, "weight_decay": cfg.weight_decay},
+                {"params": [head.log_tau], "lr": cfg.lr, "weight_decay": 0.0},
+                {"params": [p for p in proj if p.requires_grad], "lr": cfg.proj_lr, "weight_decay": 0.0}]
+
+    def steps_per_epoch(self, train: StatePairs) -> int:
+        n = len(self.images) if self.cfg.caption_per_image else train.pre_cap.shape[0]
+        return math.ceil(n / self.cfg.batch_size)
+
+    def batches(self, train: StatePairs, generator, epoch: int):
+        if self.cfg.caption_per_image:
+            n = len(self.images)
+            imgs = self.images[torch.randperm(n, generator=generator)]
+            pick = (torch.rand(n, generator=generator) * self.counts[imgs]).long()
+            perm = self.by_image[self.starts[imgs] + pick]
+        else:
+            perm = torch.randperm(train.pre_cap.shape[0], generator=generator)
+        for b in range(self.steps_per_epoch(train)):
+            yield perm[b * self.cfg.batch_size:(b + 1) * self.cfg.batch_size], train
+
+    def loss(self, head, batch, step, generator, device):
+        idx, train = batch
+        cfg = self.cfg
+        v = int(head.config["vocab_size"])
+        idx = idx.to(train.pre_cap.device)
+        uimg, pos = torch.unique(train.pairs.cap_img[idx], return_inverse=True)
+        h_cap = head.project(train.pre_cap[idx], "text")
+        h_img = head.project(train.pre_img[uimg], "image")
+        z = head(torch.cat([h_cap, h_img]))          # one sparse head for both modalities (eq. 1)
+        z_cap, z_img = z[: len(idx)], z[len(idx):]
+        m = self.pec.mask(indicator(train.pairs.tok[idx], v), generator)
+        if m is not None:
+            z_cap = z_cap * m.to(z_cap.device)
+        ramp = eta_at(step, 1.0, cfg.warmup_steps)
+        eta_i = cfg.eta if cfg.eta_image is None else cfg.eta_image
+        loss, parts = joint_loss(h_cap, h_img, z_cap, z_img, pos, head.tau, cfg, cfg.eta * ramp, eta_i * ramp)
+        with torch.no_grad():
+            parts["flops"] = float(((z_cap > 0).float().mean(0) * (z_img > 0).float().mean(0)).sum())
+        self.tau = float(head.tau.detach())
+        return loss, parts
+
+    def validate(self, head, val: StatePairs) -> dict:
+        return {**evaluate_joint(head, val, self.query_mode_of_head()), "query_mode": self.query_mode_of_head()}
+
+    def epoch_figures(self) -> dict:
+        return {"p_c": self.pec.p_c, "tau": getattr(self, "tau", self.cfg.tau_init)}
+
+    def epoch_line(self, r: dict) -> str:
+        v = r.get("val") or {}
+        return (f"epoch {r['epoch']}: loss {r['loss']:.3f} (dense {r['dense']:.3f} sparse {r['sparse']:.3f} "
+                f"inter {r['inter']:.3f}) τ {r['tau']:.4f} batch-FLOPs {r['flops']:.1f}"
+                + (f" | val sparse R@1 {v['R@1']:.4f} FLOPs {v['FLOPs']:.1f} | dense R@1 {v['dense']['R@1']:.4f} "
+                   f"R@10 {v['dense']['R@10']:.4f}" if v else "") + f" ({r['seconds']:.0f}s)")
+
+    @classmethod
+    def sparsify(cls, head, head_dir, dense, out, mode, options, batch_size, progress):
+        """Re-project DENSE's pre_projection states with the tuned projections, write them
+        (options["dense_out"], default OUT without .h5 + '.dense.h5'), then sparsify them as D2S."""
+        dense_out = options.get("dense_out") or Path(str(out).removesuffix(".h5") + ".dense.h5")
+        tuned = tuned_dense(head, dense, dense_out, head_dir=head_dir)
+        res = D2S.sparsify(head, head_dir, tuned, out, mode, {}, batch_size, progress)
+        res.attrs["tuned_dense"] = str(Path(tuned).resolve())
+        return res
+
+
+def tuned_dense(head, src: str | Path, out: str | Path, batch: int = 4096, head_dir: str | Path | None = None) -> Path:
+    """Write the joint head's dense vectors of a pre-projection file `src` (images or captions) to
+    `out`: same ids / texts / image_ids / attributes, vectors = head.project(pre_projection).
+    Returns `out`. Raises InputError when `src` has no pre-projection states."""
+    attrs = read_dense_attrs(src)
+    modality = attrs["modality"]
+    keep = {k: attrs[k] for k in ("modality", "backbone", "model", "dataset", "split") if k in attrs}
+    keep.update(normalized=True, pre_projection_source=str(Path(src).resolve()),
+                joint_head=str(Path(head_dir).resolve()) if head_dir else "")
+    with h5py.File(src, "r") as f:
+        if "pre_projection" not in f:
+            raise InputError(f"{src}: no 'pre_projection' dataset; a joint head re-projects pre-projection states: "
+                             "use the file written by `encode-dense --pre-projection`")
+        n = f["ids"].shape[0]
+        texts, img_ids = "texts" in f, "image_ids" in f
+        with DenseWriter(out, head.dim, keep, with_texts=texts) as w:
+            for s in range(0, n, batch):
+                pre = torch.from_numpy(f["pre_projection"][s:s + batch].astype(np.float32))
+                with torch.no_grad():
+                    h = head.project(pre, modality).numpy()
+                w.append(read_strings(f["ids"][s:s + batch]), h,
+                         read_strings(f["texts"][s:s + batch]) if texts else None,
+                         read_strings(f["image_ids"][s:s + batch]) if img_ids else None)
+    return Path(out)
+
+
+def grid_table(head_dirs: list[str | Path]) -> str:
+    """Markdown w1 x w2 table of validation R@1 (sparse / dense, x100) of joint head directories."""
+    cells, w1s, w2s = {}, set(), set()
+    for d in head_dirs:
+        tr = json.loads((Path(d) / "config.json").read_text(encoding="utf-8"))["training"]
+        w1, w2 = tr["config"]["w1"], tr["config"]["w2"]
+        w1s.add(w1)
+        w2s.add(w2)
+        cells[(w1, w2)] = (tr["val"]["R@1"], tr["val"]["dense"]["R@1"], tr["val"]["FLOPs"])
+    cols = sorted(w2s)
+    lines = ["val R@1 x100, sparse / dense (sparse FLOPs)", "",
+             "| w1 \\ w2 | " + " | ".join(f"{c:g}" for c in cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for r in sorted(w1s):
+        row = [f"{100 * cells[(r, c)][0]:.1f} / {100 * cells[(r, c)][1]:.1f} ({cells[(r, c)][2]:.1f})"
+               if (r, c) in cells else "-" for c in cols]
+        lines.append(f"| {r:g} | " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,38 @@
+"""Options of VDR, Vocabulary Disentangled Retrieval (Zhou et al., §3, App. A), on frozen token and
+patch states."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..base import TrainConfig, VocabConfig, option
+
+
+@dataclass
+class VDRConfig(TrainConfig, VocabConfig):
+    """The shared fields with VDR's defaults, then the paper's own."""
+
+    sparsify_options = {"vdr_query_k": (None, "Top-k of parametric (vdr) queries, plus their bag of words "
+                                              "(default: the head's, set by train-head --vdr-query-k).", int),
+                        "vdr_doc_k": (None, "Top-k terms kept per image document (default: the head's).", int)}
+
+    epochs: int = option(1, "Passes over the training captions.", min=1)
+    batch_size: int = option(256, "Caption-image pairs per step.", min=1)
+    lr_schedule: str = option("cosine", "Learning rate after warm-up: linear, cosine or constant.",
+                              choices=("linear", "cosine", "constant"))
+    lr_warmup: float = option(0.1, "Linear learning-rate warm-up: steps (>= 1) or a fraction of all steps (< 1).",
+                              min=0.0)
+    vocab_min_df: int = option(5, "Keep only terms in >= N training captions (0 = the whole tokenizer vocabulary). "
+                               "Both towers cost ∝ |V|.", min=0, paper="0 (full vocabulary)")
+    vdr_train_k: int = option(512, "Query-side top-k of G_q (eq. 4) during training; images stay fully activated "
+                              "(§3.3 a).", min=1, paper="768 of 30,522 (App. A)")
+    vdr_query_k: int = option(512, "Default top-k of parametric queries at sparsify time (stored in the head).",
+                              min=1)
+    vdr_doc_k: int = option(512, "Default top-k of documents (images) at sparsify time and validation.", min=1)
+    vdr_temperature: float = option(0.07, "Initial τ of eq. 5 on L2-normalised vectors, learnable.", min=1e-4,
+                                    paper="0.07 (App. A)")
+    vdr_cts_mask: bool = option(True, "Contrastive mask (§3.3 c): deal the dimensions no caption of the batch "
+                                "opens to the in-batch pairs as negatives-only dimensions.")
+    vdr_np_entry: bool = option(True, "Add the nonparametric entry SCE(bow(q), V_p) to the loss (§3.2).")
+    vdr_buffer_rows: int = option(4096, "Captions whose token states are held in the shuffle buffer (memory "
+                                  "~ this x L x h x 2 bytes); states stream from the HDF5 file.", min=1)

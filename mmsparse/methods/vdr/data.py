@@ -1,0 +1,165 @@
+"""VDR's data: token / patch states streamed from dense HDF5 files in shuffled blocks (memory
+O(buffer)), caption bags of words, and caption-image pairing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import h5py
+import numpy as np
+import torch
+
+from ...errors import InputError
+from ...formats._h5 import read_strings
+from ...vocab import caption_token_ids, indicator, pad_ids
+from ..pairs import caption_image_ids
+
+STATE_SETS = {"text": "token_states", "image": "patch_states"}
+
+class States:
+    """Position states of one dense file, read lazily: token_states (+ token_mask) of captions,
+    patch_states of images, or the pooled `vectors` as one position where neither is stored.
+    read(lo, hi) -> (x [n, L, h] float16/32 numpy, mask [n, L] uint8 or None)."""
+
+    def __init__(self, path: str | Path, side: str, prefer_states: bool = True):
+        self.path = Path(path)
+        self.f = h5py.File(self.path, "r")
+        name = STATE_SETS[side]
+        self.name = name if (prefer_states and name in self.f) else "vectors"
+        ds = self.f[self.name]
+        self.n = int(ds.shape[0])
+        self.hidden = int(ds.shape[-1])
+        self.has_mask = self.name == "token_states" and "token_mask" in self.f
+        # trim the trailing padding columns no caption uses: fewer bytes read per batch
+        self.length = int(ds.shape[1]) if ds.ndim == 3 else 1
+        if self.has_mask:
+            end = 1
+            for s in range(0, self.n, 65536):
+                m = self.f["token_mask"][s:s + 65536].astype(bool)
+                if m.size:
+                    end = max(end, int((m.shape[1] - np.argmax(m[:, ::-1], axis=1))[m.any(1)].max(initial=1)))
+            self.length = end
+
+    def read(self, lo: int, hi: int):
+        ds = self.f[self.name]
+        x = ds[lo:hi, :self.length] if ds.ndim == 3 else ds[lo:hi][:, None, :]
+        return x, (self.f["token_mask"][lo:hi, :self.length] if self.has_mask else None)
+
+    def read_rows(self, rows: np.ndarray):
+        """Rows (any order, may repeat) -> (x, mask) in that order; reads contiguous runs."""
+        uniq, inv = np.unique(rows, return_inverse=True)
+        parts, masks = [], []
+        # consecutive runs of the sorted unique rows are one slice each
+        breaks = np.flatnonzero(np.diff(uniq) != 1) + 1
+        for run in np.split(uniq, breaks):
+            x, m = self.read(int(run[0]), int(run[-1]) + 1)
+            parts.append(x)
+            masks.append(m)
+        x = np.concatenate(parts)[inv]
+        return x, (np.concatenate(masks)[inv] if self.has_mask else None)
+
+    def close(self) -> None:
+        self.f.close()
+
+
+def caption_token_sets(path: str | Path, tokenizer, special_ids) -> list[np.ndarray]:
+    """Bag of words of each caption as sorted unique tokenizer ids (int64, special tokens dropped):
+    the stored token_ids where the file has them, else the tokenized `texts`."""
+
+    special = np.asarray(sorted(special_ids), dtype=np.int64)
+    with h5py.File(path, "r") as f:
+        if "token_ids" in f and "token_mask" in f:
+            ids = []
+            for s in range(0, f["token_ids"].shape[0], 65536):
+                t, m = f["token_ids"][s:s + 65536], f["token_mask"][s:s + 65536].astype(bool)
+                for row, mk in zip(t, m):
+                    a = np.unique(row[mk].astype(np.int64))
+                    ids.append(a[~np.isin(a, special)])
+            return ids
+        if "texts" not in f:
+            raise InputError(f"{path}: neither token_ids nor texts; re-run encode-dense on captions")
+        texts = read_strings(f["texts"])
+    if tokenizer is None:
+        raise InputError(f"{path}: no token_ids and no tokenizer to make bags of words from its texts")
+    return caption_token_ids(tokenizer, texts)
+
+
+@dataclass
+class Split:
+    """A split of paired files: caption states, image states, each caption's image row, bows."""
+
+    captions: States
+    images: States
+    cap_img: np.ndarray          # [Nc] int64 row in images
+    bows: list[np.ndarray]       # per caption, head columns
+    img_ids: list[str]
+    cap_ids: list[str]
+
+    def bow_matrix(self, rows, v: int) -> torch.Tensor:
+        return indicator(pad_ids([self.bows[i] for i in rows], v), v)
+
+
+def open_split(images: Path, captions: Path, qrels: Path | None, prefer_states: bool = True) -> Split:
+    """Open an image and a caption dense file of one split and pair them (InputError on mismatch)."""
+
+    with h5py.File(images, "r") as f:
+        img_ids = read_strings(f["ids"])
+    with h5py.File(captions, "r") as f:
+        cap_ids = read_strings(f["ids"])
+    of = caption_image_ids(captions, cap_ids, qrels)
+    row = {i: k for k, i in enumerate(img_ids)}
+    bad = [c for c, i in zip(cap_ids, of) if i not in row]
+    if bad:
+        raise InputError(f"{captions}: {len(bad)} caption(s) name images not in {images}, e.g. {bad[0]!r}; "
+                         "use files of the same split")
+    return Split(States(captions, "text", prefer_states), States(images, "image", prefer_states),
+                 np.array([row[i] for i in of], dtype=np.int64), [], img_ids, cap_ids)
+
+
+def batches(split: Split, batch_size: int, gen: torch.Generator, block: int = 256,
+            buffer_rows: int = 4096) -> Iterator[tuple]:
+    """One epoch of batches (rows, x_cap, mask, x_img, cap_img): caption rows [B] int64, their
+    states [B, L, h] and masks [B, L] (or None), the batch's distinct images' states [U, P, h]
+    (numpy, stored dtype) and each caption's image column [B] int64.
+
+    Captions are read in contiguous blocks of `block` rows; the blocks are shuffled and loaded
+    `buffer_rows` captions (plus their images) at a time, so memory is O(buffer) and every read is
+    a slice. Inside a buffer each caption gets a random rank among the buffer's captions of its
+    image and batches follow rank order, so a batch rarely holds an image twice."""
+    n = split.captions.n
+    starts = np.arange(0, n, block)
+    order = starts[torch.randperm(len(starts), generator=gen).numpy()]
+    per = max(1, buffer_rows // block)
+    for s in range(0, len(order), per):
+        rows = np.sort(np.concatenate([np.arange(b, min(n, b + block)) for b in order[s:s + per]]))
+        xs, ms = split.captions.read_rows(rows)
+        img_rows, img_pos = np.unique(split.cap_img[rows], return_inverse=True)
+        xi, _ = split.images.read_rows(img_rows)
+        noise = torch.rand(len(rows), generator=gen).numpy()
+        o = np.lexsort((noise, img_pos))                  # group by image, random inside
+        grp_start = np.r_[0, np.flatnonzero(np.diff(img_pos[o]) != 0) + 1]
+        rank = np.empty(len(rows), dtype=np.int64)
+        rank[o] = np.arange(len(rows)) - np.repeat(grp_start, np.diff(np.r_[grp_start, len(rows)]))
+        seq = np.lexsort((torch.rand(len(rows), generator=gen).numpy(), rank))   # positions in the buffer
+        for b in range(0, len(seq), batch_size):
+            sel = seq[b:b + batch_size]
+            u, local = np.unique(img_pos[sel], return_inverse=True)
+            yield (rows[sel], xs[sel], ms[sel] if ms is not None else None, xi[u],
+                   local.astype(np.int64))
+
+
+def load_batch(split: Split, batch: tuple, v: int):
+    """A `batches` item -> torch (x_cap [B, L, h] f32 trimmed to the batch's longest caption,
+    mask [B, L] or None, x_img [U, P, h] f32, cap_img [B], bow [B, |V|])."""
+    rows, xs, ms, xi, local = batch
+    mc = None
+    if ms is not None:
+        longest = max(1, int(ms.sum(1).max()))
+        xs, ms = xs[:, :longest], ms[:, :longest]
+        mc = torch.from_numpy(ms.astype(np.float32))
+    return (torch.from_numpy(np.asarray(xs, dtype=np.float32)), mc,
+            torch.from_numpy(np.asarray(xi, dtype=np.float32)), torch.from_numpy(local), split.bow_matrix(rows, v))
+
+

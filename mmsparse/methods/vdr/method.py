@@ -1,0 +1,200 @@
+"""VDR as a Method: training on frozen token / patch states, validation and sparsify (VDR paper
+§3, App. A).
+
+Training (one step, a batch of B caption-image pairs; a batch holds each image at most once
+where possible, and a repeated image is one column whose row spreads its target over its
+captions): V_q, V_p from the two towers (head.py), then loss.py. Token states stream from HDF5 in
+shuffled blocks (data.py).
+
+Inference: documents E_p = top_{k_doc}(l2n(V_p)) (the training-time normalisation, then gated);
+queries `vdr`: l2n(V_q ⊙ G_q) with k = k_query; `bow`: the binary bag of words (VDR^α, no network).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from ...atomic import kill_point
+from ...errors import InputError
+from ...formats._h5 import read_strings
+from ...formats.dense import read_dense_attrs
+from ...metrics.exhaustive import sparse_retrieval_metrics
+from ...vocab import indicator, load_vocab, pad_ids, restrict_to_frequent, to_columns
+from ..base import Method, Sparsified
+from ..head import require_tokenizer
+from ..pairs import check_inputs, training_record
+from .config import VDRConfig
+from .data import Split, States, batches, caption_token_sets, load_batch, open_split
+from .head import VDRHead, gate, l2n, topk_mask
+from .loss import vdr_loss
+
+
+@torch.no_grad()
+def encode_rows(head: VDRHead, x: torch.Tensor, mask, side: str, k: int, mode: str = "vdr",
+                bow: torch.Tensor | None = None) -> torch.Tensor:
+    """Sparse representations of one batch, dense [B, |V|] float32 (zeros off the gate):
+    side image: top_k(l2n(V_p)); side text, mode vdr: l2n(V_q ⊙ (top_k(V_q) ∪ bow)); mode bow: bow."""
+    if side == "text" and mode == "bow":
+        return bow.clone()
+    v = head(x, mask, side)
+    if side == "image":
+        p = l2n(v)
+        return p * topk_mask(p, k)
+    return l2n(v * gate(v, k, bow))
+
+
+@torch.no_grad()
+def encode_split(head: VDRHead, states: States, side: str, k: int, mode: str = "vdr",
+                 bows: list[np.ndarray] | None = None, batch: int = 256,
+                 on_batch: Callable[[int], None] | None = None) -> sp.csr_matrix:
+    """All rows of `states` through encode_rows, streamed in `batch` rows -> CSR [N, |V|] float32."""
+    v = int(head.config["vocab_size"])
+    dev = next(head.parameters()).device
+    parts = []
+    for s in range(0, states.n, batch):
+        e = min(states.n, s + batch)
+        bw = indicator(pad_ids(bows[s:e], v), v).to(dev) if bows is not None else None
+        if side == "text" and mode == "bow":
+            out = bw
+        else:
+            x, m = states.read(s, e)
+            out = encode_rows(head, torch.from_numpy(np.asarray(x, dtype=np.float32)).to(dev),
+                              torch.from_numpy(m.astype(np.float32)).to(dev) if m is not None else None,
+                              side, k, mode, bw)
+        parts.append(sp.csr_matrix(out.cpu().numpy()))
+        if on_batch is not None:
+            on_batch(e - s)
+        kill_point()  # tests: MMSPARSE_TEST_KILL_AFTER interrupts here
+    return sp.vstack(parts, format="csr") if parts else sp.csr_matrix((0, v), dtype=np.float32)
+
+
+def evaluate(head: VDRHead, split: Split, k_query: int, k_doc: int) -> dict:
+    """Caption->image figures (brute force) of parametric (vdr) queries, and of bag-of-words
+    queries (VDR^α) under "bow"."""
+    head.eval()
+    d = encode_split(head, split.images, "image", k_doc)
+    q = encode_split(head, split.captions, "text", k_query, "vdr", split.bows)
+    out = sparse_retrieval_metrics(q, d, split.cap_img)
+    b = encode_split(head, split.captions, "text", k_query, "bow", split.bows)
+    out["bow"] = sparse_retrieval_metrics(b, d, split.cap_img)
+    return out
+
+
+class VDR(Method):
+    """Vocabulary Disentangled Retrieval: elu1p weights over token/patch states, top-k gating
+    united with the bag of words, bag-of-words queries (VDR^α)."""
+
+    name = "vdr"
+    config_class = VDRConfig
+    head_class = VDRHead
+    query_modes = ("vdr", "bow")
+    batch_size = 256
+
+    def setup(self, inputs, progress=None):
+        cfg = self.cfg
+        _, ac = check_inputs(inputs)
+        train = open_split(inputs.train_images, inputs.train_captions, inputs.qrels)
+        val = None
+        if inputs.val_images is not None:
+            val = open_split(inputs.val_images, inputs.val_captions, inputs.val_qrels)
+            for side, t, w in (("text", train.captions, val.captions), ("image", train.images, val.images)):
+                if (t.name, t.hidden) != (w.name, w.hidden):
+                    raise InputError(f"{w.path}: {w.name} h={w.hidden} but the training {side} file has {t.name} "
+                                     f"h={t.hidden}; encode both splits with the same encode-dense flags")
+        voc = load_vocab(cfg.vocab_model, ac)
+        special = set(int(i) for i in (getattr(voc.tokenizer, "all_special_ids", None) or []))
+        raw = caption_token_sets(inputs.train_captions, voc.tokenizer, special)
+        voc = restrict_to_frequent(voc, raw, cfg.vocab_min_df)
+        self.training = training_record(inputs, ac, vocab_min_df=cfg.vocab_min_df)
+        torch.manual_seed(cfg.seed)
+        head = VDRHead.from_vocab(voc, int(ac["dim"]), train.captions.hidden, train.images.hidden,
+                                  train.captions.name, train.images.name, cfg.vdr_query_k, cfg.vdr_doc_k,
+                                  cfg.vdr_temperature, self.training)
+        tids = head.token_ids.numpy()
+        train.bows = to_columns(raw, tids)
+        if val is not None:
+            val.bows = to_columns(caption_token_sets(inputs.val_captions, voc.tokenizer, special), tids)
+        self.fingerprint = {"inputs": dict(self.training), "vocab_size": len(voc.terms), "n_captions": train.captions.n}
+        if progress is not None:
+            progress.log(f"train-head vdr: {train.images.n} images ({train.images.name}, h={train.images.hidden}), "
+                         f"{train.captions.n} captions ({train.captions.name}, h={train.captions.hidden}), "
+                         f"|V|={len(voc.terms)}, train k={cfg.vdr_train_k}")
+        return head, train, val
+
+    def place(self, data, device):
+        return data   # states stream from disk batch by batch; loss() moves each batch
+
+    def param_groups(self, head) -> list[dict]:
+        decay = [p for n, p in head.named_parameters() if n != "logit_scale"]
+        return [{"params": decay}, {"params": [head.logit_scale], "weight_decay": 0.0}]
+
+    def steps_per_epoch(self, train: Split) -> int:
+        return math.ceil(train.captions.n / self.cfg.batch_size)
+
+    def batches(self, train: Split, generator, epoch: int):
+        for item in batches(train, self.cfg.batch_size, generator, buffer_rows=self.cfg.vdr_buffer_rows):
+            yield item, train
+
+    def loss(self, head, batch, step, generator, device):
+        item, train = batch
+        xc, mc, xi, cap_img, bow = (t.to(device) if t is not None else None
+                                    for t in load_batch(train, item, int(head.config["vocab_size"])))
+        v_q = head(xc, mc, "text")
+        v_p = head(xi, None, "image")
+        loss, parts = vdr_loss(v_q, v_p, bow, cap_img, self.cfg.vdr_train_k, head.scale, self.cfg.vdr_cts_mask,
+                               self.cfg.vdr_np_entry, generator)
+        self.tau = float(1.0 / head.scale.detach())
+        return loss, parts
+
+    def validate(self, head, val: Split) -> dict:
+        return evaluate(head, val, int(head.config["k_query"]), int(head.config["k_doc"]))
+
+    def epoch_figures(self) -> dict:
+        return {"tau": getattr(self, "tau", self.cfg.vdr_temperature)}
+
+    def epoch_line(self, r: dict) -> str:
+        v = r.get("val")
+        return (f"epoch {r['epoch']}: loss {r['loss']:.3f} τ {r['tau']:.3f}"
+                + (f" | val VDR R@1 {v['R@1']:.4f} R@10 {v['R@10']:.4f} FLOPs {v['FLOPs']:.1f}; VDR^α R@1 "
+                   f"{v['bow']['R@1']:.4f} R@10 {v['bow']['R@10']:.4f} FLOPs {v['bow']['FLOPs']:.1f}" if v else "")
+                + f" ({r['seconds']:.0f}s)")
+
+    @classmethod
+    def query_mode(cls, modality, query_mode, path) -> str:
+        """Images: doc; captions: vdr (parametric; `expand` is taken as vdr) or bow (VDR^α)."""
+        return super().query_mode(modality, {"expand": "vdr"}.get(query_mode, query_mode), path)
+
+    @classmethod
+    def sparsify(cls, head, head_dir, dense, out, mode, options, batch_size, progress):
+        """Images -> top-k_doc documents; captions -> vdr (top-k_query + bag of words) or bow."""
+        attrs = read_dense_attrs(dense)
+        side = "image" if attrs["modality"] == "image" else "text"
+        want = head.config[f"{side}_input"]
+        states = States(dense, side, prefer_states=want != "vectors")
+        try:
+            if states.name != want:
+                raise InputError(f"{dense}: no {want} dataset, which head {head_dir} was trained on; re-run "
+                                 f"encode-dense with --{want.replace('_', '-')}")
+            if states.hidden != int(head.config[f"{side}_hidden"]):
+                raise InputError(f"{dense}: {want} h={states.hidden} but head {head_dir} expects "
+                                 f"h={head.config[f'{side}_hidden']}; use the head trained on this backbone")
+            opt = options.get("vdr_doc_k" if side == "image" else "vdr_query_k")
+            k = int(opt if opt is not None else head.config["k_doc" if side == "image" else "k_query"])
+            bows = None
+            if side == "text":
+                tok = require_tokenizer(head, head_dir) if (head.tokenizer or head.config.get("vocab_source")) else None
+                raw = caption_token_sets(dense, tok, set(head.config.get("special_ids", [])))
+                bows = to_columns(raw, head.token_ids.numpy())
+            with progress.task(f"sparsify vdr {mode}", total=states.n) as bar:
+                m = encode_split(head, states, side, k, mode if side == "text" else "vdr", bows, batch_size,
+                                 on_batch=bar.advance)
+            ids = read_strings(states.f["ids"])
+            texts = read_strings(states.f["texts"]) if "texts" in states.f else None
+        finally:
+            states.close()
+        return Sparsified(ids, m, texts, {"top_k": k if mode != "bow" else 0})

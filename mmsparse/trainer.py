@@ -1,0 +1,172 @@
+"""One training loop for every method: `fit(method, head, train, val)`.
+
+What it owns, so each method gets all of it: AdamW (fused where PyTorch supports it) over the
+method's parameter groups; the learning-rate schedule (warm-up, then linear, cosine or constant);
+a CPU torch.Generator for shuffling and random masks (the same batches and masks on every device);
+the device and bf16 autocast on CUDA; per-epoch history and validation; choosing the saved epoch
+(best `select_metric` among eligible epochs under `max_val_flops`); atomic epoch checkpoints and
+exact resume (model, optimizer, scheduler, RNG and the method's own state); progress.
+
+The method supplies the data, batches, loss and validation (mmsparse.methods.base.Method).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from .atomic import atomic_path, kill_point
+from .errors import InputError
+from .progress import reporter
+
+
+@dataclass
+class TrainResult:
+    """best_epoch: the saved epoch (1-based; 0 when stopped early); history: one record per epoch
+    ({"epoch", "step", "seconds", mean loss parts, "val": {...}}); state: that epoch's state dict;
+    finished: False when stopped by `stop_after_epoch`."""
+
+    best_epoch: int
+    history: list[dict]
+    state: dict
+    finished: bool
+
+
+def lr_factor(step: int, total: int, warmup: float, schedule: str) -> float:
+    """Learning-rate multiplier at optimizer step `step` (0-based) of `total`: a linear warm-up over
+    `warmup` steps (a fraction of `total` when < 1), then `schedule`: linear (to 0 at the last
+    step, applied from step 0), cosine (from 1 at the end of warm-up to 0), or constant."""
+    warm = warmup if warmup >= 1 else (max(1, round(warmup * total)) if warmup > 0 else 0)
+    w = min(1.0, (step + 1) / warm) if warm > 0 else 1.0
+    if schedule == "linear":
+        return w * max(0.0, 1.0 - step / max(total, 1))
+    if schedule == "cosine":
+        if step < warm:
+            return w
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warm) / max(1, total - warm))))
+    return w
+
+
+def make_optimizer(groups: list[dict], lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW over parameter groups, fused where this PyTorch build supports it (CPU and CUDA since
+    2.4): one kernel per parameter instead of ~10 passes, 10x faster on a 23M-parameter W2."""
+    groups = [g for g in groups if g["params"]]
+    try:
+        return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, fused=True)
+    except (RuntimeError, TypeError, ValueError):
+        return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
+
+
+def pick_epoch(history: list[dict], method, select_metric: str, max_val_flops: float | None) -> int:
+    """Index of the epoch to save: the best validation `select_metric` (later epoch on ties) among
+    eligible epochs (method.eligible, e.g. after the L1 warm-up) whose validation FLOPs are <=
+    `max_val_flops`; if none is under the cap, the lowest-FLOPs eligible epoch; without
+    validation, the last epoch."""
+    if not history or not history[-1].get("val"):
+        return len(history) - 1
+    cand = [i for i, h in enumerate(history) if method.eligible(h)] or list(range(len(history)))
+    ok = [i for i in cand if max_val_flops is None or history[i]["val"]["FLOPs"] <= max_val_flops]
+    if ok:
+        return max(ok, key=lambda i: (history[i]["val"][select_metric], i))
+    return min(cand, key=lambda i: history[i]["val"]["FLOPs"])
+
+
+def fit(method, head, train, val=None, *, ckpt_dir: str | Path | None = None, device: str = "cpu",
+        progress=None, stop_after_epoch: int | None = None) -> TrainResult:
+    """Train `head` in place with `method` (its `cfg` holds the options) and return the saved epoch.
+
+    train/val: what method.setup returned. ckpt_dir: where `last.pt` is written after every
+    epoch (None: no checkpoints); an existing one written with the same method.fingerprint and
+    config is resumed, a different one raises InputError. device: cpu, cuda, cuda:N. progress: a
+    mmsparse.progress.Reporter. stop_after_epoch: return after that many finished epochs
+    (simulates an interruption in tests).
+    """
+    cfg = method.cfg
+    rep = reporter(progress)
+    if cfg.amp != "none" and not str(device).startswith("cuda"):
+        raise InputError(f"--amp {cfg.amp}: mixed precision runs on CUDA; pass --device cuda or --amp none")
+    head.to(device)
+    train, val = method.place(train, device), (method.place(val, device) if val is not None else None)
+    spe = method.steps_per_epoch(train)
+    total = spe * cfg.epochs
+    opt = make_optimizer(method.param_groups(head), cfg.lr, cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, cfg.lr_warmup, cfg.lr_schedule))
+    gen = torch.Generator().manual_seed(cfg.seed)
+    history: list[dict] = []
+    best_state = None
+    start = 0
+    fp = {"method": method.name, "config": asdict(cfg), **method.fingerprint}
+    ckpt = Path(ckpt_dir) / "last.pt" if ckpt_dir is not None else None
+    st = load_checkpoint(ckpt, fp, head, opt, sched, gen)
+    if st is not None:
+        method.load_state_dict(st["method"])
+        history, best_state, start = st["history"], st["best_state"], st["epoch"]
+    else:
+        method.prepare(head, train)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cfg.amp == "bf16")
+    step = start * spe
+    with rep.task(f"epoch {start + 1}/{cfg.epochs}", total=total) as bar:
+        bar.update(completed=step)
+        for epoch in range(start, cfg.epochs):
+            if stop_after_epoch is not None and epoch >= stop_after_epoch:
+                return TrainResult(0, history, best_state or {}, False)
+            head.train()
+            method.start_epoch(epoch)
+            t0 = time.time()
+            sums: dict[str, float] = {}
+            n = 0
+            for batch in method.batches(train, gen, epoch):
+                with autocast:
+                    loss, parts = method.loss(head, batch, step, gen, device)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                sched.step()
+                method.after_step(head)
+                step += 1
+                n += 1
+                parts = {"loss": float(loss.detach()), **parts}
+                for k, x in parts.items():
+                    sums[k] = sums.get(k, 0.0) + x
+                info = f"loss {parts['loss']:.4f}" + (f" FLOPs~{parts['flops']:.1f}" if "flops" in parts else "")
+                bar.update(completed=step, description=f"epoch {epoch + 1}/{cfg.epochs}", info=info)
+                kill_point()  # tests: MMSPARSE_TEST_KILL_AFTER interrupts here
+            rec = {"epoch": epoch + 1, "step": step, "seconds": time.time() - t0,
+                   **method.epoch_figures(), **{k: x / max(n, 1) for k, x in sums.items()}}
+            if val is not None:
+                rec["val"] = method.validate(head, val)
+            history.append(rec)
+            if pick_epoch(history, method, cfg.select_metric, cfg.max_val_flops) == len(history) - 1:
+                best_state = {k: t.detach().clone() for k, t in head.state_dict().items()}
+            rep.log(method.epoch_line(rec))
+            if ckpt is not None:
+                st = {"fingerprint": fp, "epoch": epoch + 1, "model": head.state_dict(),
+                      "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                      "method": method.state_dict(), "rng": gen.get_state(), "history": history,
+                      "best_state": best_state}
+                with atomic_path(ckpt) as tmp:
+                    torch.save(st, tmp)
+    best = pick_epoch(history, method, cfg.select_metric, cfg.max_val_flops)
+    return TrainResult(best + 1, history, copy.deepcopy(best_state) if best_state else head.state_dict(), True)
+
+
+def load_checkpoint(ckpt: Path | None, fingerprint: dict, head, opt, sched, gen) -> dict | None:
+    """Restore head, optimizer, scheduler and RNG from `ckpt` (a last.pt written after an epoch)
+    and return the whole checkpoint dict; None when there is none. Raises InputError when the
+    checkpoint was written with other settings or inputs."""
+    if ckpt is None or not ckpt.is_file():
+        return None
+    st = torch.load(ckpt, map_location="cpu", weights_only=False)
+    if st.get("fingerprint") != fingerprint:
+        raise InputError(f"{ckpt}: checkpoint of a run with different settings or inputs; "
+                         "pass --restart (or delete the directory) to start over")
+    head.load_state_dict(st["model"])
+    opt.load_state_dict(st["optimizer"])
+    sched.load_state_dict(st["scheduler"])
+    gen.set_state(st["rng"])
+    return st
