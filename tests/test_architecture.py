@@ -24,7 +24,9 @@ LAYERS = {
     "mmsparse.formats": "formats",
     "mmsparse._version": "core", "mmsparse.errors": "core", "mmsparse.atomic": "core", "mmsparse.provenance": "core",
     "mmsparse.settings": "core", "mmsparse.checks": "core", "mmsparse.progress": "core",
-    "mmsparse.bench": "tools",
+    "mmsparse.bench": "tools",              # benchmark programs
+    "mmsparse.serve": "tools",              # the search web application (FastAPI)
+    "mmsparse.pyterrier": "api",            # PyTerrier transformers over the API
 }
 CLI_ONLY = ("typer", "click", "rich")
 MODEL_CODE = ("torch", "transformers")
