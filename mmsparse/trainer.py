@@ -37,19 +37,27 @@ class TrainResult:
     finished: bool
 
 
+def warmup_steps(warmup: float, total: int) -> int:
+    """Steps of a warm-up given as steps (>= 1) or as a fraction of `total` steps (< 1); 0 = none."""
+    if warmup >= 1:
+        return int(warmup)
+    return max(1, round(warmup * total)) if warmup > 0 else 0
+
+
 def lr_factor(step: int, total: int, warmup: float, schedule: str) -> float:
     """Learning-rate multiplier at optimizer step `step` (0-based) of `total`: a linear warm-up over
-    `warmup` steps (a fraction of `total` when < 1), then `schedule`: linear (to 0 at the last
-    step, applied from step 0), cosine (from 1 at the end of warm-up to 0), or constant."""
-    warm = warmup if warmup >= 1 else (max(1, round(warmup * total)) if warmup > 0 else 0)
-    w = min(1.0, (step + 1) / warm) if warm > 0 else 1.0
+    `warmup` steps (a fraction of `total` when < 1), then `schedule`: linear (from 1 at the end of
+    the warm-up to 0 at the last step, as transformers' get_linear_schedule_with_warmup), cosine
+    (likewise, half a cosine), or constant."""
+    warm = warmup_steps(warmup, total)
+    if step < warm:
+        return (step + 1) / warm
+    frac = min(1.0, (step - warm) / max(1, total - warm))
     if schedule == "linear":
-        return w * max(0.0, 1.0 - step / max(total, 1))
+        return max(0.0, 1.0 - frac)
     if schedule == "cosine":
-        if step < warm:
-            return w
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warm) / max(1, total - warm))))
-    return w
+        return 0.5 * (1.0 + math.cos(math.pi * frac))
+    return 1.0
 
 
 def make_optimizer(groups: list[dict], lr: float, weight_decay: float) -> torch.optim.AdamW:

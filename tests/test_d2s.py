@@ -151,3 +151,111 @@ def test_indicator_cols_is_a_column_subset():
     tok = pad_ids([np.array([1, 3]), np.array([4]), np.array([], dtype=np.int64)], 6)
     cols = torch.tensor([4, 1, 2])
     assert torch.equal(indicator_cols(tok, cols, 6), indicator(tok, 6)[:, cols])
+
+
+# -- paper-faithful defaults (issue 15) ----------------------------------------------------------
+
+def test_defaults_are_the_papers_settings():
+    from mmsparse.methods.d2s.config import D2SConfig
+
+    c = D2SConfig()
+    assert (c.epochs, c.batch_size, c.temperature, c.eta, c.lam) == (200, 512, 1e-3, 1e-3, 0.5)       # §5.1, Table 1
+    assert (c.lr, c.vocab_lr, c.weight_decay, c.lr_warmup, c.l1_warmup) == (1e-3, 5e-5, 0.0, 0.2, 0.2)  # authors' code
+    assert (c.vocab_min_df, c.l1_caption, c.expansion, c.pec_end) == (0, "masked", "caption-word", 0.95)
+    assert (c.sparsity_loss, c.center) == ("l1", "none")
+
+
+def test_optimiser_groups_and_schedule_endpoints():
+    """W1 at --lr, the vocabulary LayerNorm and W2 at --vocab-lr, no weight decay; the learning
+    rate warms up over 20 % of the steps, peaks, and reaches 0 at the last step; the sparsity
+    weight ramps quadratically over its warm-up; p_c and p_v reach 1 at 95 % of training."""
+    from mmsparse.methods.d2s.config import D2SConfig
+    from mmsparse.methods.d2s.method import D2S
+    from mmsparse.trainer import lr_factor, make_optimizer, warmup_steps
+
+    head = _head()
+    cfg = D2SConfig()
+    opt = make_optimizer(D2S(cfg).param_groups(head), cfg.lr, cfg.weight_decay)
+    groups = {id(p): g for g in opt.param_groups for p in g["params"]}
+    assert {groups[id(p)]["lr"] for p in head.w1.parameters()} == {1e-3}
+    assert {groups[id(p)]["lr"] for p in (*head.norm.parameters(), *head.w2.parameters())} == {5e-5}
+    assert {g["weight_decay"] for g in opt.param_groups} == {0.0} and len(groups) == len(list(head.parameters()))
+    total = 1000
+    assert warmup_steps(0.2, total) == 200 and warmup_steps(60, total) == 60 and warmup_steps(0, total) == 0
+    assert lr_factor(0, total, 0.2, "linear") == pytest.approx(1 / 200)
+    assert lr_factor(199, total, 0.2, "linear") == pytest.approx(1.0)
+    assert lr_factor(600, total, 0.2, "linear") == pytest.approx(0.5)
+    assert lr_factor(total, total, 0.2, "linear") == 0.0
+    assert eta_at(0, 1e-3, 200) == 0.0 and eta_at(100, 1e-3, 200) == pytest.approx(0.25e-3)
+    assert eta_at(200, 1e-3, 200) == pytest.approx(1e-3)
+    df = np.array([0.0, 0.5, 1.0])
+    pec = ExpansionControl("caption-word", df, 20, end=0.95)
+    pec.set_progress(0.5)
+    assert pec.p_c == pytest.approx(0.5 / 0.95)
+    pec.set_progress(0.95)
+    assert pec.p_c == 1.0 and torch.equal(pec.p_v, torch.ones(3))
+    literal = ExpansionControl("caption-word", df, 6, end=1.0)        # eq. 6 as printed
+    literal.set_epoch(5)
+    assert literal.p_c == pytest.approx(5 / 6) and literal.p_v.tolist() == pytest.approx([1.0, 1 - 0.5 / 6, 5 / 6])
+
+
+def _method(data_dir, **opts):
+    from mmsparse.methods.base import TrainInputs, make_config
+    from mmsparse.methods.d2s.method import D2S
+
+    m = D2S(make_config(D2S.config_class, {"epochs": 2, "batch_size": 40, "vocab_min_df": 1, **opts}))
+    head, train, val = m.setup(TrainInputs(data_dir / "train-images.h5", data_dir / "train-captions.h5",
+                                           data_dir / "val-images.h5", data_dir / "val-captions.h5"))
+    return m, head, train, val
+
+
+def test_masked_l1_sees_only_the_masked_caption_vectors(method_data):
+    """Algorithm 1 feeds s̄_C (expansion-masked) to the loss, L1 included: with expansion none a
+    caption's L1 counts only its own terms; --l1-caption raw counts every term of s_C."""
+    from mmsparse.methods.d2s.method import encode_sparse
+
+    for kind in ("masked", "raw"):
+        m, head, train, _ = _method(method_data, expansion="none", l1_caption=kind, l1_warmup=0)
+        m.start_epoch(0)
+        idx = torch.arange(40)
+        _, parts = m.loss(head, (idx, train), 0, torch.Generator().manual_seed(0), "cpu")
+        s = encode_sparse(head, train.z_cap[idx], side="text").toarray()
+        own = s * indicator(train.tok[idx], s.shape[1]).numpy()
+        want = (own if kind == "masked" else s).sum(1).mean()
+        assert parts["l1_cap"] == pytest.approx(float(want), rel=1e-5)
+        assert (own.sum() < s.sum())                                    # expansion terms exist to leave out
+
+
+def test_selection_validates_in_the_heads_own_query_mode(method_data):
+    """A head trained without expansion (exp=0) is used with caption-term queries, so the epoch
+    it saves is chosen on caption-term queries; other heads on expanded queries."""
+    from mmsparse.methods.d2s.method import evaluate_head
+
+    for expansion, mode in (("none", "caption-terms"), ("caption-word", "expand")):
+        m, head, _, val = _method(method_data, expansion=expansion)
+        got = m.validate(head, val)
+        want = evaluate_head(head, val, mode)
+        assert got["query_mode"] == mode and {k: got[k] for k in want} == want
+    other = evaluate_head(head, val, "caption-terms")
+    assert other["FLOPs"] < want["FLOPs"]                              # the two modes really differ
+
+
+def test_flops_regulariser_penalises_terms_in_every_row():
+    """SPLADE's FLOPs term Σ_t (mean_b s_bt)²: the same total weight costs more spread over every
+    row of one term than over distinct terms; L1 cannot tell them apart."""
+    from mmsparse.methods.d2s.loss import sparsity
+
+    hub = torch.zeros(4, 8)
+    hub[:, 0] = 1.0                    # one term in all 4 rows
+    spread = torch.eye(4, 8)           # 4 terms, one row each
+    assert sparsity(hub, "l1") == sparsity(spread, "l1") == 1.0
+    assert sparsity(hub, "flops") == pytest.approx(1.0) and sparsity(spread, "flops") == pytest.approx(4 / 16)
+
+
+def test_centred_head_subtracts_the_modality_mean(method_data):
+    m, head, train, _ = _method(method_data, center="mean")
+    assert torch.allclose(head.center_image, train.z_img.mean(0)) and torch.allclose(head.center_text, train.z_cap.mean(0))
+    z = train.z_img[:3]
+    ref = torch.log1p(torch.relu(head.w2(head.norm(head.w1(z - head.center_image)))))
+    torch.testing.assert_close(head(z, side="image"), ref)
+    assert not torch.allclose(head(z, side="image"), head(z, side="text"))

@@ -21,6 +21,7 @@ from mmsparse.methods.joint.config import JointConfig
 from mmsparse.methods.joint.head import JointHead
 from mmsparse.methods.joint.loss import distill, info_nce, integrated_score, joint_loss
 from mmsparse.vocab import Vocab
+from conftest import WORDS  # one word list for every test
 
 
 def _nll(row, k):
@@ -113,7 +114,6 @@ def test_gradients_reach_projections_not_features():
     assert head.text_proj.weight.grad.abs().sum() > 0 and head.image_proj.weight.grad.abs().sum() > 0
 
 
-WORDS = "dog cat man woman runs jumps on grass beach snow red blue ball water a the".split()
 
 
 def _states_split(root, split, n_img, model, seed, h_img=8, h_txt=6, d=16):

@@ -22,22 +22,14 @@ import pytest
 import torch
 
 from mmsparse.formats import write_dense
+from conftest import WORDS, mmsparse_main  # one word list and one CLI runner for every test
 
-WORDS = "dog cat man woman runs jumps on grass beach snow red blue ball water a the".split()
 
 
 def cli(*args) -> None:
     """Run `mmsparse ARGS` in this process through the real entry point; assert success."""
-    from mmsparse import cli as cli_mod
-
-    old = sys.argv
-    sys.argv = ["mmsparse", *map(str, args)]
-    try:
-        cli_mod.main()
-    except SystemExit as e:
-        assert not e.code, f"mmsparse {' '.join(map(str, args))} exited {e.code}"
-    finally:
-        sys.argv = old
+    code = mmsparse_main(*args)
+    assert not code, f"mmsparse {' '.join(map(str, args))} exited {code}"
 
 
 def killed(*args, after: int) -> None:

@@ -16,8 +16,8 @@ from mmsparse.formats.dense import write_dense
 from mmsparse.formats.sparse import read_sparse
 from mmsparse.formats.trec import write_qrels
 from mmsparse.methods.head import load_head
+from conftest import WORDS  # one word list for every test
 
-WORDS = "dog cat man woman runs jumps on grass beach snow red blue ball water a the".split()
 
 
 def _split(root, split, n_img, model, d=32, seed=0, image_ids=True):
@@ -53,7 +53,8 @@ def head_dir(dense_dir, tmp_path_factory, monkeypatch_module):
     out = tmp_path_factory.mktemp("heads") / "d2s"
     monkeypatch_module.setenv("MMSPARSE_WORK", str(dense_dir.parent.parent))
     r = CliRunner().invoke(app, ["train-head", "--backbone", "unitbb", "-o", str(out), "--epochs", "2",
-                                 "--batch-size", "32", "--warmup-steps", "2", "--eta", "1e-3"])
+                                 "--batch-size", "32", "--warmup-steps", "2", "--eta", "1e-3",
+                                 "--vocab-min-df", "1"])
     assert r.exit_code == 0, r.output + repr(r.exception)
     return out
 

@@ -19,6 +19,7 @@ from mmsparse.formats.sparse import read_sparse
 from mmsparse.methods.head import load_head
 from mmsparse.methods.vdr.head import DSTHead, elu1p, gate, topk_mask
 from mmsparse.methods.vdr.loss import contrastive_mask, vdr_loss
+from conftest import WORDS  # one word list for every test
 
 
 def test_elu1p_values_positive_and_smooth_at_zero():
@@ -103,7 +104,6 @@ def test_max_pool_head_matches_autograd_reference():
 
 # -- end to end ------------------------------------------------------------------------------
 
-WORDS = "dog cat man woman runs jumps on grass beach snow red blue ball water".split()
 
 
 def _write_split(root, split, n_img, model, tok, seed):
@@ -151,7 +151,7 @@ def vdr_run(tmp_path_factory, dual_encoder_dir):
     r = CliRunner().invoke(app, ["train-head", str(root / "train-images.h5"), str(root / "train-captions.h5"),
                                  "--val-images", str(root / "val-images.h5"), "--val-captions",
                                  str(root / "val-captions.h5"), "-o", str(head), "--method", "vdr", "--epochs", "2",
-                                 "--vocab-model", str(root / "vocab-model"),
+                                 "--vocab-model", str(root / "vocab-model"), "--vocab-min-df", "1",
                                  "--batch-size", "16", "--vdr-train-k", "4", "--vdr-query-k", "3", "--vdr-doc-k", "5"])
     assert r.exit_code == 0, r.output + repr(r.exception)
     return root, head, tok

@@ -19,8 +19,8 @@ JOINT_STATES     ?= $(WORK)/dense/$(BACKBONE)-states
 # initial bias starts the head sparse, so early sparse scores do not swamp s_inter (the teacher).
 # No expansion control (the paper's main setting; PEC is its Fig. 2 left variant): with PEC the first
 # epoch's captions keep only their own, mostly inactive terms and the sparse loss barely moves.
-JOINT_FLAGS      ?= --epochs 3 --batch-size 256 --eta 3e-3 --warmup-steps 40 --init-bias -2 --expansion full
-JOINT_GRID_FLAGS ?= --epochs 1 --warmup-steps 16
+JOINT_FLAGS      ?= --epochs 3 --batch-size 256 --eta 3e-3 --l1-warmup 40 --init-bias -2 --expansion full --vocab-min-df 1
+JOINT_GRID_FLAGS ?= --epochs 1 --l1-warmup 16
 JOINT_W1         ?= 0.1 1
 JOINT_W2         ?= 0.3 3
 JOINT_INPUTS      = $(JOINT_STATES)/train-images.h5 $(JOINT_STATES)/train-captions.h5 \

@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import h5py
 import numpy as np
 import torch
 
 from ..checks import check_compatible
 from ..errors import InputError
 from ..formats.dense import read_dense, read_dense_attrs
+from ..formats.sharded import open_read  # a file or a sharded directory
 from ..formats.trec import read_qrels
 from ..vocab import caption_token_ids, pad_ids, to_columns
 
@@ -65,7 +65,7 @@ class PairData:
 def caption_image_ids(captions_path: str | Path, cap_ids: list[str], qrels_path: str | Path | None) -> list[str]:
     """Image id of each caption: the captions file's `image_ids` dataset if present, else the
     (caption id -> image id) qrels file. Raises InputError if neither gives every caption one."""
-    with h5py.File(captions_path, "r") as f:
+    with open_read(captions_path) as f:
         if "image_ids" in f:
             out = [x.decode() if isinstance(x, bytes) else str(x) for x in f["image_ids"][()]]
             if len(out) != len(cap_ids):

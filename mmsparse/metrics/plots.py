@@ -43,13 +43,14 @@ def _plain(v: float) -> str:
 
 def format_log_axis(axis, lo: float, hi: float) -> None:
     """Readable ticks for a log-scale matplotlib `axis` (ax.xaxis / ax.yaxis) showing [lo, hi]:
-    labelled ticks at 1..9 x 10^n when the range spans up to ~1 decade, at 1-2-5 x 10^n up to
-    ~2.5 decades, 1-3 x 10^n up to 4, 10^n beyond; plain numbers; unlabelled minor ticks. lo, hi > 0."""
+    labelled ticks at 1..9 x 10^n when the range spans up to ~0.6 decade, at 1-2-3-5-7 x 10^n up
+    to ~1.2 decades (1..9 there crowds "8 9 10" together at the top of the decade), 1-2-5 x 10^n
+    up to ~2.5, 1-3 x 10^n up to 4, 10^n beyond; plain numbers; unlabelled minor ticks. lo, hi > 0."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     decades = math.log10(max(hi, lo * 1.0001) / lo)
-    subs = (tuple(np.arange(1, 10) * 1.0) if decades <= 1.2 else (1.0, 2.0, 5.0) if decades <= 2.5
-            else (1.0, 3.0) if decades <= 4 else (1.0,))
+    subs = (tuple(np.arange(1, 10) * 1.0) if decades <= 0.6 else (1.0, 2.0, 3.0, 5.0, 7.0) if decades <= 1.2
+            else (1.0, 2.0, 5.0) if decades <= 2.5 else (1.0, 3.0) if decades <= 4 else (1.0,))
     axis.set_major_locator(LogLocator(base=10, subs=subs))
     axis.set_major_formatter(FuncFormatter(lambda v, _: _plain(v)))
     axis.set_minor_locator(LogLocator(base=10, subs=np.arange(2, 10) * 1.0))

@@ -13,6 +13,7 @@ import numpy as np
 
 from ...errors import InputError
 from ...formats._h5 import open_h5
+from ...formats.sharded import open_read  # a file or a sharded directory
 
 PATCH_DATASET = "patch_states"
 
@@ -41,7 +42,7 @@ def iter_patch_rows(path: str | Path, chunk_images: int = 1024, patch_skip: int 
     if not 0 <= patch_skip < p:
         raise InputError(f"--patch-skip {patch_skip}: {path} has only {p} patch positions")
     chunks = order if order is not None else np.arange(-(-n // chunk_images))
-    with h5py.File(path, "r") as f:
+    with open_read(path) as f:
         ds = f[PATCH_DATASET]
         for c in chunks:
             s = int(c) * chunk_images

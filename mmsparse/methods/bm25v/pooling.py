@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import h5py
 import numpy as np
 import scipy.sparse as sp
 import torch
 
 from ...errors import InputError
 from ...formats._h5 import read_strings
+from ...formats.sharded import open_read  # a file or a sharded directory
 from .data import iter_patch_rows, patch_shape
 
 QUANT_SCALE = 100      # §3.4: uint16 = round(v * 100), clipped to [0, 65535]
@@ -63,7 +63,7 @@ def sparsify_patches(head, path: str | Path, k_post: int = 16, batch_images: int
     if d != head.dim:
         raise InputError(f"{path}: patch features have D={d} but the SAE head expects D={head.dim}; "
                          "use the head trained on this backbone's patches")
-    with h5py.File(path, "r") as f:
+    with open_read(path) as f:
         ids = read_strings(f["ids"])
     v = int(head.config["vocab_size"])
     parts = []

@@ -1,5 +1,10 @@
 """Options of D2S training (Nguyen et al., "Multimodal Learned Sparse Retrieval with Probabilistic
-Expansion Control", eq. 4-7, Algorithm 1). No torch here: `train-head --help` reads it."""
+Expansion Control", eq. 4-7, Algorithm 1). No torch here: `train-head --help` reads it.
+
+Defaults are the paper's settings, and where the paper is silent its authors' released code
+(lsr-multimodal: optimiser groups, warm-ups, the end of the expansion schedule); each field's
+`paper` note says which. docs/d2s.md lists the faster choices the Flickr8k example sets.
+"""
 
 from __future__ import annotations
 
@@ -14,26 +19,49 @@ PAPER_NAMES = {"none": "exp=0", "full": "exp=1", "caption": "exp=c", "caption-wo
 
 @dataclass
 class D2SConfig(TrainConfig, VocabConfig):
-    """D2S hyper-parameters; the fields after the shared ones are eq. 7 and Algorithm 1's."""
+    """D2S hyper-parameters: the shared fields with the paper's values, then eq. 7 and Algorithm 1's."""
 
-    eta: float = option(3e-3, "η, weight of the L1 sparsity term (eq. 7).", min=0.0)
-    lam: float = option(0.5, "λ in eq. 7: (1-λ)·contrastive + λ·η·L1.", aliases=("--lambda",), min=0.0, max=1.0)
-    temperature: float = option(1e-3, "τ of the dense teacher softmax z_Aᵀz_B/τ (eq. 7).", min=1e-6)
-    warmup_steps: int = option(60, "L1 warm-up: η ramps quadratically η·min(1,(step/N)²) over the first N "
-                               "optimizer steps (0 = full η from the start); epochs ending before step N "
-                               "are not eligible as the saved epoch.", min=0)
+    epochs: int = option(200, "Passes over the training captions; also the length of the expansion schedule "
+                         "(eq. 6).", min=1, paper="200 (§5.1)")
+    batch_size: int = option(512, "Captions per step, with their distinct images as in-batch candidates.", min=1,
+                             paper="512 (§5.1)")
+    lr: float = option(1e-3, "AdamW peak learning rate of W1 (the dense-side projection).", min=0.0,
+                       paper="1e-3 (authors' code)")
+    vocab_lr: float = option(5e-5, "AdamW peak learning rate of the vocabulary LayerNorm and W2 (initialised from "
+                             "word embeddings, so they move slowly).", min=0.0, paper="5e-5 (authors' code)")
+    weight_decay: float = option(0.0, "AdamW weight decay of every parameter.", min=0.0, paper="0 (authors' code)")
+    lr_warmup: float = option(0.2, "Linear learning-rate warm-up: steps (>= 1) or a fraction of all steps (< 1); "
+                              "then linear decay to 0.", min=0.0, paper="0.2 (authors' code)")
+    eta: float = option(1e-3, "η, weight of the sparsity term (eq. 7).", min=0.0, paper="1e-3 (Table 1)")
+    lam: float = option(0.5, "λ in eq. 7: (1-λ)·contrastive + λ·η·sparsity.", aliases=("--lambda",), min=0.0,
+                        max=1.0, paper="0.5 (authors' code: both halves)")
+    temperature: float = option(1e-3, "τ of the dense teacher softmax z_Aᵀz_B/τ (eq. 7).", min=1e-6,
+                                paper="1e-3 (§5.1)")
+    l1_warmup: float = option(0.2, "Sparsity warm-up: η ramps quadratically η·min(1,(step/N)²) over N steps (>= 1) "
+                              "or a fraction of all steps (< 1); 0 = full η from the start. Epochs ending before "
+                              "the ramp ends are not eligible as the saved epoch.", aliases=("--warmup-steps",),
+                              min=0.0, paper="0.2 (authors' code)")
+    sparsity_loss: str = option("l1", "l1: η·(L1(s_I) + L1(s_C)), eq. 7; flops: SPLADE's FLOPs regulariser η·Σ_t "
+                                "(mean_i s_it)² per side (Paria et al. 2020), which penalises most the terms present "
+                                "in every vector.", choices=("l1", "flops"), paper="l1 (eq. 7)")
     expansion: str = option("caption-word", "Probabilistic expansion control: "
                             + ", ".join(f"{m} ({PAPER_NAMES[m]})" for m in EXPANSION_MODES) + ".",
-                            choices=EXPANSION_MODES)
+                            choices=EXPANSION_MODES, paper="caption-word (Algorithm 1)")
+    pec_end: float = option(0.95, "Fraction of training at which the expansion probabilities p_c, p_v reach 1 "
+                            "(1 = eq. 6 literally: p_c = (E-1)/E in the last epoch).", min=0.01, max=1.0,
+                            paper="0.95 (authors' code)")
     mask_caption_terms: bool = option(True, "caption-word only: also drop a caption's own term v when its "
                                       "word-level draw E_v is 0 (Algorithm 1 as printed) or always keep own "
-                                      "terms (the prose's reading).", flag="--mask-caption-terms/--keep-caption-terms")
-    l1_caption: str = option("raw", "Which caption vectors the L1 term sees: raw (the head's output before "
-                             "expansion masking) or masked (s̄_C, Algorithm 1's loss input).",
-                             choices=("raw", "masked"))
-    pec_schedule: str = option("epoch", "epoch: raise p_c, p_v after each epoch (eq. 6); step: the same linear "
-                               "ramp updated every step.", choices=("epoch", "step"))
-    init_bias: float = option(0.0, "Initial W2 bias (negative = sparser start).")
-    vocab_min_df: int = option(1, "Keep only terms in >= N training captions (0 = the whole tokenizer vocabulary, "
-                               "the paper's setting). 1 drops terms no caption uses.", min=0,
-                               paper="0 (full vocabulary)")
+                                      "terms (the prose's reading).", flag="--mask-caption-terms/--keep-caption-terms",
+                                      paper="mask (Algorithm 1)")
+    l1_caption: str = option("masked", "Which caption vectors the sparsity term sees: masked (s̄_C, Algorithm 1's "
+                             "loss input) or raw (the head's output before expansion masking).",
+                             choices=("raw", "masked"), paper="masked (Algorithm 1, authors' code)")
+    pec_schedule: str = option("epoch", "epoch: raise p_c, p_v after each epoch (eq. 6); step: the same ramp "
+                               "updated every step.", choices=("epoch", "step"), paper="epoch (eq. 6)")
+    init_bias: float = option(0.0, "Initial W2 bias (negative = sparser start).", paper="0")
+    center: str = option("none", "none: the head sees the dense vectors as they are; mean: subtract the training "
+                         "mean of each modality first (stored in the head). Frozen vision-language vectors share "
+                         "one dominant direction per modality; projected onto the vocabulary it lights the same "
+                         "few 'hub' terms in every vector (docs/d2s.md).", choices=("none", "mean"),
+                         paper="none")

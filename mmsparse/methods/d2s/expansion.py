@@ -7,9 +7,10 @@ Modes (`--expansion`; the paper's exp= values in brackets):
   caption-word  [exp=c+w] caption- and word-level control: non-caption term v kept iff
                           E_C = 1 and E_v = 1
 
-Schedules after epoch e (0-based, E epochs; eq. 6 applied e times):
-  p_c = min(1, e / E)                    starts at 0, +1/E per epoch
-  p_v = min(1, 1 - df_v + df_v * e / E)  starts at 1 - df_v, +df_v/E per epoch
+Schedules after epoch e (0-based, E epochs), reaching 1 at a fraction `end` of training:
+  p_c = min(1, e / (end·E))                   starts at 0, +1/(end·E) per epoch
+  p_v = min(1, 1 - df_v + df_v · p_c)         starts at 1 - df_v, +df_v/(end·E) per epoch
+end = 1 is eq. 6 applied e times (p_c = (E-1)/E in the last epoch); the authors' code uses 0.95.
 
 Draws per batch, as Algorithm 1 prints them: E_C ~ Ber(p_c) once per batch (every caption of a
 batch expands, or none does) and E_v ~ Ber(p_v) once per vocabulary term ([1, |V|]).
@@ -36,7 +37,7 @@ class ExpansionControl:
     captions (fraction of captions containing it, in [0, 1]); epochs: total epochs E.
     """
 
-    def __init__(self, mode: str, df, epochs: int, mask_caption_terms: bool = True):
+    def __init__(self, mode: str, df, epochs: int, mask_caption_terms: bool = True, end: float = 1.0):
         import numpy as np
         import torch
 
@@ -45,6 +46,7 @@ class ExpansionControl:
         self.mode = mode
         self.df = torch.as_tensor(np.asarray(df), dtype=torch.float32).clamp(0, 1)
         self.epochs = max(int(epochs), 1)
+        self.end = float(end)
         self.mask_caption_terms = bool(mask_caption_terms)
         self.epoch = 0
         self.p_c = 0.0
@@ -60,7 +62,7 @@ class ExpansionControl:
         """Probabilities at a fraction `frac` of training (epoch e of E: e/E). With few epochs the
         trainer may call this every step (`schedule="step"`): the same linear ramp as eq. 6 without
         its jumps of 1/E at epoch boundaries."""
-        self.p_c = min(1.0, max(0.0, float(frac)))
+        self.p_c = min(1.0, max(0.0, float(frac) / self.end))
         self.p_v = (1.0 - self.df + self.df * self.p_c).clamp(0, 1)
 
     def step_epoch(self) -> None:

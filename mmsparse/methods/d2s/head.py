@@ -99,14 +99,19 @@ class D2SHead(SparseHead):
         self.w2 = nn.Linear(omega, v, bias=True)
         # tokenizer id of each output term (a sub-vocabulary keeps a subset of the tokenizer's)
         self.register_buffer("token_ids", torch.arange(v, dtype=torch.int64))
+        if config.get("center") == "mean":   # the training mean of each modality, subtracted first
+            self.register_buffer("center_image", torch.zeros(d))
+            self.register_buffer("center_text", torch.zeros(d))
 
     @classmethod
-    def from_vocab(cls, dim: int, vocab, training: dict | None = None, init_bias: float = 0.0) -> "D2SHead":
+    def from_vocab(cls, dim: int, vocab, training: dict | None = None, init_bias: float = 0.0,
+                   center: str = "none") -> "D2SHead":
         """A fresh head over `vocab` (mmsparse.vocab.Vocab): W2 <- vocab.embeddings [|V|, ω],
-        b <- init_bias; W1 and LN use PyTorch's default init (seed torch before calling)."""
+        b <- init_bias; W1 and LN use PyTorch's default init (seed torch before calling).
+        center "mean" adds the per-modality mean buffers (zero until set)."""
         emb = torch.as_tensor(vocab.embeddings, dtype=torch.float32)
         cfg = {"dim": int(dim), "vocab_size": int(emb.shape[0]), "omega": int(emb.shape[1]),
-               "vocab_source": vocab.source, "training": dict(training or {})}
+               "vocab_source": vocab.source, "training": dict(training or {}), "center": center}
         head = cls(cfg, vocab.terms)
         with torch.no_grad():
             head.w2.weight.copy_(emb)
@@ -115,14 +120,23 @@ class D2SHead(SparseHead):
         head.tokenizer = vocab.tokenizer
         return head
 
+    def centered(self, z: torch.Tensor, side: str) -> torch.Tensor:
+        """z minus the training mean of its modality (`side` image | text) when the head was
+        trained with --center mean; z itself otherwise."""
+        if not hasattr(self, "center_image"):
+            return z
+        return z - (self.center_image if side == "image" else self.center_text)
+
     def forward(self, z: torch.Tensor, mask: torch.Tensor | None = None, side: str = "image") -> torch.Tensor:
-        """z [B, d] float32 -> s [B, |V|] float32 >= 0 (eq. 4-5); one head for both sides."""
+        """z [B, d] float32 -> s [B, |V|] float32 >= 0 (eq. 4-5); one head for both sides (`side`
+        only picks the mean a centred head subtracts)."""
         if z.dim() != 2:
             raise ValueError(f"D2S heads take pooled vectors [B, d], got shape {tuple(z.shape)}")
-        return _LogReluLinear.apply(self.norm(self.w1(z)), self.w2.weight, self.w2.bias)
+        return _LogReluLinear.apply(self.norm(self.w1(self.centered(z, side))), self.w2.weight, self.w2.bias)
 
     def forward_live(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Training forward: (s_live [B, L] float32, cols [L] int64), the outputs restricted to the
+        """Training forward of already centred vectors (see `centered`): (s_live [B, L] float32,
+        cols [L] int64), the outputs restricted to the
         L vocabulary columns positive in at least one row of the batch (all others are exactly 0 in
         forward() and get no gradient). Same loss and gradients as forward(), less work once sparse."""
         return _LiveLogReluLinear.apply(self.norm(self.w1(z)), self.w2.weight, self.w2.bias)

@@ -35,23 +35,33 @@ def sparse_scores(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a.index_select(1, cols) @ b.index_select(1, cols).T
 
 
+def sparsity(s: torch.Tensor, kind: str = "l1") -> torch.Tensor:
+    """The sparsity term of one side, s [B, |V|] >= 0: l1 = mean over rows of ‖s‖₁ (eq. 7);
+    flops = Σ_t (mean_b s_bt)², SPLADE's FLOPs regulariser (Paria et al. 2020), a smooth
+    count of the postings a term adds, largest for terms present in every row."""
+    if kind == "flops":
+        return s.mean(0).pow(2).sum()
+    return s.sum(1).mean()
+
+
 def d2s_loss(s_cap: torch.Tensor, s_img: torch.Tensor, z_cap: torch.Tensor, z_img: torch.Tensor,
              tau: float = 1e-3, lam: float = 0.5, eta: float = 1e-3,
-             s_cap_l1: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+             s_cap_l1: torch.Tensor | None = None, kind: str = "l1") -> tuple[torch.Tensor, dict]:
     """Eq. 7 on one batch.
 
     s_cap [B, |V|] (already expansion-masked: s̄_C), s_img [U, |V|] (the U distinct images),
     z_cap [B, d], z_img [U, d] dense vectors; tau: teacher temperature; lam: λ; eta: η (after
-    warm-up); s_cap_l1: the caption vectors the L1 term sees (default s_cap; the trainer passes
-    the unmasked s_C, see training.py). Returns (loss, {"ci", "ic", "l1_img", "l1_cap"} floats).
+    warm-up); s_cap_l1: the caption vectors the sparsity term sees (default s_cap, the masked
+    vectors as Algorithm 1; --l1-caption raw passes the unmasked s_C); kind: l1 | flops (`sparsity`).
+    Returns (loss, {"ci", "ic", "l1_img", "l1_cap"} floats: the sparsity terms, whichever kind).
     """
     with torch.no_grad():
         t = (z_cap @ z_img.T) / tau                      # [B, U] teacher logits
     s = sparse_scores(s_cap, s_img)                      # [B, U] student logits
     ci = soft_ce(t, s)
     ic = soft_ce(t.T, s.T)
-    l1_img = s_img.sum(1).mean()
-    l1_cap = (s_cap if s_cap_l1 is None else s_cap_l1).sum(1).mean()
+    l1_img = sparsity(s_img, kind)
+    l1_cap = sparsity(s_cap if s_cap_l1 is None else s_cap_l1, kind)
     loss = (1.0 - lam) * (ci + ic) + lam * eta * (l1_img + l1_cap)
     return loss, {k: float(x.detach()) for k, x in (("ci", ci), ("ic", ic), ("l1_img", l1_img), ("l1_cap", l1_cap))}
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 
-import h5py
 import numpy as np
 import scipy.sparse as sp
 import torch
@@ -20,11 +19,13 @@ from ...atomic import kill_point
 from ...errors import InputError
 from ...formats._h5 import read_strings
 from ...formats.dense import iter_dense
+from ...formats.sharded import open_read
 from ...metrics.exhaustive import sparse_retrieval_metrics
 from ...vocab import (caption_token_ids, document_frequency, indicator, indicator_cols, load_vocab, pad_ids,
                       restrict_to_frequent, to_columns)
 from ..base import Method, Sparsified
 from ..head import require_tokenizer
+from ...trainer import warmup_steps
 from ..pairs import PairData, check_inputs, load_pairs, training_record
 from .config import D2SConfig
 from .expansion import ExpansionControl
@@ -33,15 +34,15 @@ from .loss import d2s_loss, eta_at
 
 
 @torch.no_grad()
-def encode_sparse(head, z: torch.Tensor | np.ndarray, batch: int = 1024,
-                  keep: torch.Tensor | None = None) -> sp.csr_matrix:
-    """Head outputs of z [N, d] as CSR [N, |V|] float32. keep: optional [N, L] padded term
-    columns (pad = |V|): zero every term not listed (caption-term queries)."""
+def encode_sparse(head, z: torch.Tensor | np.ndarray, batch: int = 1024, keep: torch.Tensor | None = None,
+                  side: str = "image") -> sp.csr_matrix:
+    """Head outputs of z [N, d] (of modality `side`) as CSR [N, |V|] float32. keep: optional [N, L]
+    padded term columns (pad = |V|): zero every term not listed (caption-term queries)."""
     z = torch.as_tensor(z, dtype=torch.float32).to(next(head.parameters()).device)
     v = int(head.config["vocab_size"])
     parts = []
     for s in range(0, z.shape[0], batch):
-        out = head(z[s:s + batch])
+        out = head(z[s:s + batch], side=side)
         if keep is not None:
             out = out * indicator(keep[s:s + batch], v).to(out.device)
         parts.append(sp.csr_matrix(out.cpu().numpy()))
@@ -53,8 +54,8 @@ def evaluate_head(head, data: PairData, query_mode: str = "expand") -> dict:
     MRR@10, FLOPs (eq. 1), q_nnz / d_nnz. query_mode caption-terms keeps only each caption's own
     terms (needs data.tok)."""
     head.eval()
-    d = encode_sparse(head, data.z_img)
-    q = encode_sparse(head, data.z_cap, keep=data.tok if query_mode == "caption-terms" else None)
+    d = encode_sparse(head, data.z_img, side="image")
+    q = encode_sparse(head, data.z_cap, keep=data.tok if query_mode == "caption-terms" else None, side="text")
     return sparse_retrieval_metrics(q, d, data.cap_img.cpu().numpy())
 
 
@@ -84,12 +85,29 @@ class D2S(Method):
             val.set_columns(head.token_ids.numpy())
         self.fingerprint = {"inputs": dict(self.training), "vocab_size": len(voc.terms), "n_captions": len(train.cap_ids)}
         self.pec = ExpansionControl(cfg.expansion, document_frequency(train.token_ids, len(voc.terms)), cfg.epochs,
-                                    cfg.mask_caption_terms)
+                                    cfg.mask_caption_terms, cfg.pec_end)
+        self.l1_warm = warmup_steps(cfg.l1_warmup, self.steps_per_epoch(train) * cfg.epochs)
+        if progress is not None:
+            progress.log(f"train-head {self.name}: {len(train.img_ids)} images, {len(train.cap_ids)} captions, "
+                         f"d={head.dim}, |V|={len(voc.terms)}, ω={head.config['omega']}")
         return head, train, val
 
     def new_head(self, train: PairData, voc) -> D2SHead:
-        """A fresh head over `voc` for vectors of train's dimension (W2 <- word embeddings)."""
-        return D2SHead.from_vocab(train.z_img.shape[1], voc, self.training, init_bias=self.cfg.init_bias)
+        """A fresh head over `voc` for vectors of train's dimension (W2 <- word embeddings); with
+        --center mean, the training mean of each modality is stored in it."""
+        head = D2SHead.from_vocab(train.z_img.shape[1], voc, self.training, init_bias=self.cfg.init_bias,
+                                  center=self.cfg.center)
+        if self.cfg.center == "mean":
+            with torch.no_grad():
+                head.center_image.copy_(train.z_img.mean(0))
+                head.center_text.copy_(train.z_cap.mean(0))
+        return head
+
+    def param_groups(self, head) -> list[dict]:
+        """W1 at --lr; the vocabulary LayerNorm and W2 (word embeddings) at --vocab-lr (authors' code)."""
+        vocab = [*head.norm.parameters(), *head.w2.parameters()]
+        return [{"params": list(head.w1.parameters()), "lr": self.cfg.lr},
+                {"params": vocab, "lr": self.cfg.vocab_lr}]
 
     def steps_per_epoch(self, train) -> int:
         return math.ceil(train.z_cap.shape[0] / self.cfg.batch_size)
@@ -116,14 +134,14 @@ class D2S(Method):
         idx = idx.to(train.z_cap.device)
         uimg = torch.unique(train.cap_img[idx])
         zc, zi = train.z_cap[idx], train.z_img[uimg]
-        s, cols = head.forward_live(torch.cat([zc, zi]))
+        s, cols = head.forward_live(torch.cat([head.centered(zc, "text"), head.centered(zi, "image")]))
         s_cap, s_img = s[: len(idx)], s[len(idx):]
         m = self.pec.mask(indicator_cols(train.tok[idx], cols, v), generator, cols)
         raw = s_cap
         if m is not None:
             s_cap = s_cap * m
-        loss, parts = d2s_loss(s_cap, s_img, zc, zi, cfg.temperature, cfg.lam, eta_at(step, cfg.eta, cfg.warmup_steps),
-                               s_cap_l1=raw if cfg.l1_caption == "raw" else None)
+        loss, parts = d2s_loss(s_cap, s_img, zc, zi, cfg.temperature, cfg.lam, eta_at(step, cfg.eta, self.l1_warm),
+                               s_cap_l1=raw if cfg.l1_caption == "raw" else None, kind=cfg.sparsity_loss)
         with torch.no_grad():   # batch FLOPs proxy (eq. 1 on the batch)
             parts["flops"] = float(((s_cap > 0).float().mean(0) * (s_img > 0).float().mean(0)).sum())
         return loss, parts
@@ -137,7 +155,7 @@ class D2S(Method):
         return {**evaluate_head(head, val, self.query_mode_of_head()), "query_mode": self.query_mode_of_head()}
 
     def eligible(self, record: dict) -> bool:
-        return record["step"] >= self.cfg.warmup_steps   # before the L1 warm-up ends the head is not sparse
+        return record["step"] >= self.l1_warm   # before the sparsity warm-up ends the head is not sparse
 
     def epoch_figures(self) -> dict:
         return {"p_c": self.pec.p_c}
@@ -170,9 +188,9 @@ class D2S(Method):
             tok = require_tokenizer(head, head_dir)
             tids = head.token_ids.numpy()
         ids, parts, texts = [], [], []
-        with torch.no_grad(), h5py.File(dense, "r") as f, progress.task(f"sparsify {mode}", total=n) as bar:
+        with torch.no_grad(), open_read(dense) as f, progress.task(f"sparsify {mode}", total=n) as bar:
             for chunk_ids, vec in iter_dense(dense, chunk_rows=batch_size):
-                s = head(torch.from_numpy(vec))
+                s = head(torch.from_numpy(vec), side="image" if mode == "doc" else "text")
                 t = read_strings(f["texts"][len(ids):len(ids) + len(chunk_ids)]) if texts_ds else None
                 if mode == "caption-terms":
                     s = s * indicator(pad_ids(to_columns(caption_token_ids(tok, t), tids), v), v)
@@ -187,6 +205,6 @@ class D2S(Method):
 
 def _shape(dense) -> tuple[int, bool, int]:
     """(rows, has texts, vector dim) of a dense file."""
-    with h5py.File(dense, "r") as f:
+    with open_read(dense) as f:  # a file or a sharded directory
         return int(f["ids"].shape[0]), "texts" in f, int(f["vectors"].shape[1])
 

@@ -19,8 +19,19 @@ class JointConfig(D2SConfig):
                                             "without .h5 + '.dense.h5'). DENSE must hold pre_projection states.", Path)}
 
     epochs: int = option(5, "Passes over the training data.", min=1)
+    lr: float = option(1e-3, "AdamW peak learning rate of the sparse head and τ.", min=0.0)
+    vocab_lr: float = option(1e-3, "Learning rate of the vocabulary LayerNorm and W2 (joint: as --lr).", min=0.0)
+    weight_decay: float = option(0.01, "AdamW weight decay of the sparse head.", min=0.0)
+    lr_warmup: float = option(0.0, "Linear learning-rate warm-up: steps (>= 1) or a fraction of all steps (< 1).",
+                              min=0.0)
     eta: float = option(1e-3, "η_t, L1 weight of caption vectors (eq. 3).", min=0.0)
-    warmup_steps: int = option(0, "L1 warm-up: η ramps quadratically over the first N optimizer steps.", min=0)
+    l1_warmup: float = option(0.0, "L1 warm-up: η ramps quadratically over N steps (>= 1) or a fraction of all "
+                              "steps (< 1).", aliases=("--warmup-steps",), min=0.0)
+    l1_caption: str = option("masked", "Which caption vectors the L1 term sees (joint: the masked ones).",
+                             choices=("raw", "masked"))
+    expansion: str = option("full", "Expansion control of the caption sparse vectors (D2S's modes); full = none "
+                            "applied, as the authors' configs (disable_mask).",
+                            choices=("none", "full", "caption", "caption-word"), paper="full (authors' configs)")
     w1: float = option(0.3, "Weight of s_dense in s_inter = w1·s_dense + w2·s_sparse.", min=0.0)
     w2: float = option(1.0, "Weight of s_sparse in s_inter.", min=0.0)
     lambda_dense: float = option(1.0, "λ1: weight of the InfoNCE loss of s_dense (eq. 2).", min=0.0)

@@ -15,17 +15,18 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import h5py
 import numpy as np
 import torch
 
 from ...errors import InputError
 from ...formats._h5 import read_strings
+from ...formats.sharded import open_read  # a file or a sharded directory
 from ...formats.dense import DenseWriter, read_dense_attrs
 from ...metrics.exhaustive import dense_retrieval_metrics
 from ...vocab import document_frequency, indicator, load_vocab, restrict_to_frequent
 from ..d2s.expansion import ExpansionControl
 from ..d2s.loss import eta_at
+from ...trainer import warmup_steps
 from ..d2s.method import D2S, evaluate_head
 from ..pairs import PairData, check_inputs, load_pairs, training_record
 from .config import JointConfig
@@ -53,7 +54,7 @@ class StatePairs:
 def read_states(path: str | Path) -> tuple[np.ndarray, dict]:
     """(pre_projection [N, h] float32, {name: array} of the file's *_proj_weight / *_proj_bias).
     Raises InputError when the file has no pre-projection states."""
-    with h5py.File(path, "r") as f:
+    with open_read(path) as f:
         if "pre_projection" not in f:
             raise InputError(f"{path}: no 'pre_projection' dataset; --method joint trains on pre-projection "
                              "states: re-encode with `mmsparse encode-dense --pre-projection`")
@@ -114,6 +115,8 @@ class Joint(D2S):
 
     def setup(self, inputs, progress=None):
         cfg = self.cfg
+        if cfg.center != "none":
+            raise InputError("--center: joint heads train the projections themselves; use --center none")
         check_inputs(inputs, "use files encoded with the same backbone and model (encode-dense --pre-projection)")
         train = load_state_pairs(inputs.train_images, inputs.train_captions, inputs.qrels)
         val = load_state_pairs(inputs.val_images, inputs.val_captions, inputs.val_qrels) if inputs.val_images else None
@@ -131,8 +134,9 @@ class Joint(D2S):
         self.fingerprint = {"inputs": dict(self.training), "vocab_size": len(voc.terms),
                             "n_captions": len(train.pairs.cap_ids)}
         self.pec = ExpansionControl(cfg.expansion, document_frequency(train.pairs.token_ids, len(voc.terms)),
-                                    cfg.epochs, cfg.mask_caption_terms)
+                                    cfg.epochs, cfg.mask_caption_terms, cfg.pec_end)
         self._order(train)
+        self.l1_warm = warmup_steps(cfg.l1_warmup, self.steps_per_epoch(train) * cfg.epochs)
         if val is not None and progress is not None:
             d0 = evaluate_joint(head, val)["dense"]
             progress.log(f"before training: val dense R@1 {d0['R@1']:.4f} R@10 {d0['R@10']:.4f}")
@@ -147,14 +151,15 @@ class Joint(D2S):
         self.images = torch.nonzero(self.counts > 0).squeeze(1)
 
     def param_groups(self, head) -> list[dict]:
-        """The sparse head (lr, weight decay), τ (lr, no decay), the projections (proj_lr, no
-        decay; frozen with --freeze-projection)."""
+        """W1 (lr) and the vocabulary LayerNorm + W2 (vocab_lr), with weight decay; τ (lr, no decay);
+        the projections (proj_lr, no decay; frozen with --freeze-projection)."""
         cfg = self.cfg
         proj = [*head.image_proj.parameters(), *head.text_proj.parameters()]
         for p in proj:
             p.requires_grad_(cfg.tune_projection)
-        sparse = [p for n, p in head.named_parameters() if n.split(".")[0] in ("w1", "norm", "w2")]
-        return [{"params": sparse, "lr": cfg.lr, "weight_decay": cfg.weight_decay},
+        vocab = [*head.norm.parameters(), *head.w2.parameters()]
+        return [{"params": list(head.w1.parameters()), "lr": cfg.lr, "weight_decay": cfg.weight_decay},
+                {"params": vocab, "lr": cfg.vocab_lr, "weight_decay": cfg.weight_decay},
                 {"params": [head.log_tau], "lr": cfg.lr, "weight_decay": 0.0},
                 {"params": [p for p in proj if p.requires_grad], "lr": cfg.proj_lr, "weight_decay": 0.0}]
 
@@ -186,7 +191,7 @@ class Joint(D2S):
         m = self.pec.mask(indicator(train.pairs.tok[idx], v), generator)
         if m is not None:
             z_cap = z_cap * m.to(z_cap.device)
-        ramp = eta_at(step, 1.0, cfg.warmup_steps)
+        ramp = eta_at(step, 1.0, self.l1_warm)
         eta_i = cfg.eta if cfg.eta_image is None else cfg.eta_image
         loss, parts = joint_loss(h_cap, h_img, z_cap, z_img, pos, head.tau, cfg, cfg.eta * ramp, eta_i * ramp)
         with torch.no_grad():
@@ -227,7 +232,7 @@ def tuned_dense(head, src: str | Path, out: str | Path, batch: int = 4096, head_
     keep = {k: attrs[k] for k in ("modality", "backbone", "model", "dataset", "split") if k in attrs}
     keep.update(normalized=True, pre_projection_source=str(Path(src).resolve()),
                 joint_head=str(Path(head_dir).resolve()) if head_dir else "")
-    with h5py.File(src, "r") as f:
+    with open_read(src) as f:
         if "pre_projection" not in f:
             raise InputError(f"{src}: no 'pre_projection' dataset; a joint head re-projects pre-projection states: "
                              "use the file written by `encode-dense --pre-projection`")

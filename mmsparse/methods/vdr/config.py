@@ -16,19 +16,21 @@ class VDRConfig(TrainConfig, VocabConfig):
                                               "(default: the head's, set by train-head --vdr-query-k).", int),
                         "vdr_doc_k": (None, "Top-k terms kept per image document (default: the head's).", int)}
 
-    epochs: int = option(1, "Passes over the training captions.", min=1)
-    batch_size: int = option(256, "Caption-image pairs per step.", min=1)
+    epochs: int = option(20, "Passes over the training captions.", min=1, paper="20 (App. A, cross-modal)")
+    batch_size: int = option(4096, "Caption-image pairs per step.", min=1, paper="4096 (App. A)")
+    lr: float = option(2e-4, "AdamW peak learning rate.", min=0.0, paper="2e-4 (App. A)")
     lr_schedule: str = option("cosine", "Learning rate after warm-up: linear, cosine or constant.",
-                              choices=("linear", "cosine", "constant"))
-    lr_warmup: float = option(0.1, "Linear learning-rate warm-up: steps (>= 1) or a fraction of all steps (< 1).",
-                              min=0.0)
-    vocab_min_df: int = option(5, "Keep only terms in >= N training captions (0 = the whole tokenizer vocabulary). "
-                               "Both towers cost ∝ |V|.", min=0, paper="0 (full vocabulary)")
+                              choices=("linear", "cosine", "constant"), paper="cosine (App. A)")
+    lr_warmup: float = option(0.05, "Linear learning-rate warm-up: steps (>= 1) or a fraction of all steps (< 1).",
+                              min=0.0, paper="1 epoch of 20 (App. A)")
+    vocab_min_df: int = option(0, "Keep only terms in >= N training captions (0 = the whole tokenizer vocabulary). "
+                               "Both towers cost ∝ |V|.", min=0, paper="0 (BERT's 30,522 terms)")
     vdr_train_k: int = option(512, "Query-side top-k of G_q (eq. 4) during training; images stay fully activated "
-                              "(§3.3 a).", min=1, paper="768 of 30,522 (App. A)")
+                              "(§3.3 a).", min=1, paper="512 = d of the dense model, 1.7 % of 30,522 (§4.3, App. A)")
     vdr_query_k: int = option(512, "Default top-k of parametric queries at sparsify time (stored in the head).",
-                              min=1)
-    vdr_doc_k: int = option(512, "Default top-k of documents (images) at sparsify time and validation.", min=1)
+                              min=1, paper="512 (k = d)")
+    vdr_doc_k: int = option(512, "Default top-k of documents (images) at sparsify time and validation.", min=1,
+                            paper="512 (k = d)")
     vdr_temperature: float = option(0.07, "Initial τ of eq. 5 on L2-normalised vectors, learnable.", min=1e-4,
                                     paper="0.07 (App. A)")
     vdr_cts_mask: bool = option(True, "Contrastive mask (§3.3 c): deal the dimensions no caption of the batch "

@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-import h5py
 import numpy as np
 import torch
 
 from ...errors import InputError
 from ...formats._h5 import read_strings
+from ...formats.sharded import open_read  # a file or a sharded directory
 from ...vocab import caption_token_ids, indicator, pad_ids
 from ..pairs import caption_image_ids
 
@@ -25,7 +25,7 @@ class States:
 
     def __init__(self, path: str | Path, side: str, prefer_states: bool = True):
         self.path = Path(path)
-        self.f = h5py.File(self.path, "r")
+        self.f = open_read(self.path)
         name = STATE_SETS[side]
         self.name = name if (prefer_states and name in self.f) else "vectors"
         ds = self.f[self.name]
@@ -69,7 +69,7 @@ def caption_token_sets(path: str | Path, tokenizer, special_ids) -> list[np.ndar
     the stored token_ids where the file has them, else the tokenized `texts`."""
 
     special = np.asarray(sorted(special_ids), dtype=np.int64)
-    with h5py.File(path, "r") as f:
+    with open_read(path) as f:
         if "token_ids" in f and "token_mask" in f:
             ids = []
             for s in range(0, f["token_ids"].shape[0], 65536):
@@ -104,9 +104,9 @@ class Split:
 def open_split(images: Path, captions: Path, qrels: Path | None, prefer_states: bool = True) -> Split:
     """Open an image and a caption dense file of one split and pair them (InputError on mismatch)."""
 
-    with h5py.File(images, "r") as f:
+    with open_read(images) as f:
         img_ids = read_strings(f["ids"])
-    with h5py.File(captions, "r") as f:
+    with open_read(captions) as f:
         cap_ids = read_strings(f["ids"])
     of = caption_image_ids(captions, cap_ids, qrels)
     row = {i: k for k, i in enumerate(img_ids)}
