@@ -1,22 +1,59 @@
 # encode-dense.mk — images and captions -> dense HDF5 + qrels, for every split in SPLITS.
 #
+# From a Karpathy split JSON (ANNOTATION_FORMAT = karpathy, the default):
 #   KARPATHY_JSON  Karpathy split JSON (dataset_coco.json, dataset_flickr30k.json, ...)  [required]
-#   IMAGE_ROOT     folder the JSON's filenames are relative to                           [required]
+#   IMAGE_ROOT     folder the JSON's filepath/filename are relative to                   [required]
+#   SPLITS         splits to encode (default: train val test)
+# From the official COCO caption annotations (ANNOTATION_FORMAT = coco): one file per split,
+# encoded with `--split` naming its one split (captions_train2017.json -> train):
+#   COCO_TRAIN_JSON, COCO_TRAIN_IMAGES  e.g. annotations/captions_train2017.json, train2017/  -> train
+#   COCO_TEST_JSON,  COCO_TEST_IMAGES   e.g. annotations/captions_val2017.json,   val2017/    -> test
+#   COCO_VAL_JSON,   COCO_VAL_IMAGES    a held-out validation file -> val (optional; default
+#                                       empty: val-* link to test-*, the 2017 release has no third split)
+# Both:
 #   MODEL          hub id or local path of the backbone                                  [required]
 #   DATASET        dataset name recorded in the files (default: basename of IMAGE_ROOT's parent)
-#   SPLITS         splits to encode (default: train val test)
-#   ENCODE_FLAGS   extra flags, e.g. --batch-size 128 --device cuda
+#   ENCODE_FLAGS   extra flags, e.g. --batch-size 256 --device cuda --workers 8 --precision bf16
 #
-# Outputs: $(DENSE_DIR)/{split}-images.h5, {split}-captions.h5, {split}.qrels
+# Outputs: $(DENSE_DIR)/{split}-images.h5, {split}-captions.h5, {split}.qrels (remade when the
+# annotation file changes; a missing one is reported by encode-dense, so `make -n` works without data)
 # Target:  encode-dense
+ANNOTATION_FORMAT ?= karpathy
 SPLITS       ?= train val test
 DATASET      ?= $(notdir $(abspath $(dir $(IMAGE_ROOT))))
 ENCODE_FLAGS ?=
+ENCODE_ARGS   = --backbone $(BACKBONE) --model $(MODEL) --dataset $(DATASET)
+
+ifeq ($(ANNOTATION_FORMAT),coco)
+SPLITS       := train val test
+COCO_VAL_JSON ?=
+dense_split   = $(DENSE_DIR)/$(1)-images.h5 $(DENSE_DIR)/$(1)-captions.h5 $(DENSE_DIR)/$(1).qrels
+DENSE_FILES  := $(call dense_split,train) $(call dense_split,val) $(call dense_split,test)
+
+$(call dense_split,train) &: $(wildcard $(COCO_TRAIN_JSON))
+	$(MMSPARSE) encode-dense $(COCO_TRAIN_JSON) $(COCO_TRAIN_IMAGES) -o $(DENSE_DIR) $(ENCODE_ARGS) --split train $(ENCODE_FLAGS)
+
+$(call dense_split,test) &: $(wildcard $(COCO_TEST_JSON))
+	$(MMSPARSE) encode-dense $(COCO_TEST_JSON) $(COCO_TEST_IMAGES) -o $(DENSE_DIR) $(ENCODE_ARGS) --split test $(ENCODE_FLAGS)
+
+ifneq ($(strip $(COCO_VAL_JSON)),)
+$(call dense_split,val) &: $(wildcard $(COCO_VAL_JSON))
+	$(MMSPARSE) encode-dense $(COCO_VAL_JSON) $(COCO_VAL_IMAGES) -o $(DENSE_DIR) $(ENCODE_ARGS) --split val $(ENCODE_FLAGS)
+else
+$(DENSE_DIR)/val-images.h5: $(DENSE_DIR)/test-images.h5
+	ln -sf $(<F) $@
+$(DENSE_DIR)/val-captions.h5: $(DENSE_DIR)/test-captions.h5
+	ln -sf $(<F) $@
+$(DENSE_DIR)/val.qrels: $(DENSE_DIR)/test.qrels
+	ln -sf $(<F) $@
+endif
+else
 DENSE_FILES  := $(foreach s,$(SPLITS),$(DENSE_DIR)/$(s)-images.h5 $(DENSE_DIR)/$(s)-captions.h5 $(DENSE_DIR)/$(s).qrels)
 
-$(DENSE_FILES) &: $(KARPATHY_JSON)
-	$(MMSPARSE) encode-dense $(KARPATHY_JSON) $(IMAGE_ROOT) -o $(DENSE_DIR) --backbone $(BACKBONE) \
-	  --model $(MODEL) --dataset $(DATASET) $(addprefix --split ,$(SPLITS)) $(ENCODE_FLAGS)
+$(DENSE_FILES) &: $(wildcard $(KARPATHY_JSON))
+	$(MMSPARSE) encode-dense $(KARPATHY_JSON) $(IMAGE_ROOT) -o $(DENSE_DIR) $(ENCODE_ARGS) \
+	  $(addprefix --split ,$(SPLITS)) $(ENCODE_FLAGS)
+endif
 
 .PHONY: encode-dense
 encode-dense: $(DENSE_FILES)

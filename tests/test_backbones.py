@@ -12,11 +12,9 @@ from mmsparse.backbones import backbone_from_attrs, load_backbone
 from mmsparse.backbones.hf_dual import features_tensor
 from mmsparse.errors import InputError
 
-WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "dog", "cat", "runs", "on", "the", "grass",
-         "red", "ball", ".", "##s"]
 TEXTS = ["a dog runs on the grass .", "a red ball", "cats"]
-TXT = dict(vocab_size=len(WORDS), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-           intermediate_size=64, max_position_embeddings=16)
+TXT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+           max_position_embeddings=16)
 VIS = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
            image_size=32, patch_size=8)
 
@@ -26,11 +24,10 @@ def _images(n=3):
     return [Image.fromarray(rng.integers(0, 255, (40 + 7 * i, 48, 3), dtype=np.uint8)) for i in range(n)]
 
 
-def _save(model, tmp_path, image_processor):
+def _save(model, tmp_path, image_processor, words):
     from transformers import BertTokenizer
-    torch.manual_seed(0)
     model.save_pretrained(tmp_path)
-    BertTokenizer(vocab={w: i for i, w in enumerate(WORDS)}).save_pretrained(tmp_path)
+    BertTokenizer(vocab={w: i for i, w in enumerate(words)}).save_pretrained(tmp_path)
     image_processor.save_pretrained(tmp_path)
     return tmp_path
 
@@ -40,34 +37,24 @@ def _l2(x):
 
 
 @pytest.fixture(scope="module")
-def tiny_blip(tmp_path_factory):
+def tiny_blip(tmp_path_factory, tiny_words):
     from transformers import BlipConfig, BlipForImageTextRetrieval, BlipImageProcessor
     torch.manual_seed(0)
-    cfg = BlipConfig(text_config=TXT, vision_config=VIS, image_text_hidden_size=16)
+    cfg = BlipConfig(text_config={**TXT, "vocab_size": len(tiny_words)}, vision_config=VIS, image_text_hidden_size=16)
     return _save(BlipForImageTextRetrieval(cfg), tmp_path_factory.mktemp("blip"),
-                 BlipImageProcessor(size={"height": 32, "width": 32}))
+                 BlipImageProcessor(size={"height": 32, "width": 32}), tiny_words)
 
 
 @pytest.fixture(scope="module")
-def tiny_clip(tmp_path_factory):
-    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
-    torch.manual_seed(0)
-    cfg = CLIPConfig(text_config={**TXT, "eos_token_id": 3, "pad_token_id": 0}, vision_config=VIS,
-                     projection_dim=24)
-    return _save(CLIPModel(cfg), tmp_path_factory.mktemp("clip"),
-                 CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}))
-
-
-@pytest.fixture(scope="module")
-def tiny_siglip(tmp_path_factory):
+def tiny_siglip(tmp_path_factory, tiny_words):
     from transformers import SiglipConfig, SiglipImageProcessor, SiglipModel
     torch.manual_seed(0)
-    cfg = SiglipConfig(text_config=TXT, vision_config=VIS)
+    cfg = SiglipConfig(text_config={**TXT, "vocab_size": len(tiny_words)}, vision_config=VIS)
     return _save(SiglipModel(cfg), tmp_path_factory.mktemp("siglip"),
-                 SiglipImageProcessor(size={"height": 32, "width": 32}))
+                 SiglipImageProcessor(size={"height": 32, "width": 32}), tiny_words)
 
 
-def test_blip_itc_equals_projection_of_cls(tiny_blip):
+def test_blip_itc_equals_projection_of_cls(tiny_blip, tiny_words):
     bb = load_backbone("blip", tiny_blip, "cpu")
     assert bb.dim == 16 and bb.normalized and bb.model == str(tiny_blip.resolve())
     pv = bb.preprocess_images(_images())
@@ -90,7 +77,7 @@ def test_blip_itc_equals_projection_of_cls(tiny_blip):
         ref = bb.net(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                      pixel_values=pv, use_itm_head=False).itm_score.numpy()
     np.testing.assert_allclose(img["vectors"] @ txt["vectors"].T, ref, atol=1e-5)
-    assert bb.word_embeddings().shape == (len(WORDS), 32) and bb.vocab() == WORDS
+    assert bb.word_embeddings().shape == (len(tiny_words), 32) and bb.vocab() == tiny_words
 
 
 @pytest.mark.parametrize("name", ["clip", "siglip", "hf-dual"])
@@ -139,7 +126,7 @@ def test_real_dual_encoder_vocab_and_rebuild(dual_encoder_dir):
     assert v.shape == (1, 512) and abs(float(np.linalg.norm(v)) - 1) < 1e-5
 
 
-def _albef_dir(tmp_path, prefix="text_encoder."):
+def _albef_dir(tmp_path, words, prefix="text_encoder."):
     """A tiny checkpoint in the official ALBEF key layout (timm ViT + xbert BERT + momentum copies)."""
     from transformers import BertConfig, BertModel, BertTokenizer
     torch.manual_seed(0)
@@ -154,7 +141,7 @@ def _albef_dir(tmp_path, prefix="text_encoder."):
                          ("mlp.fc1", (64, C)), ("mlp.fc2", (C, 64))):
             sd[b + n + ".weight"] = torch.randn(shape) * (0.2 if len(shape) == 2 else 1) + (1 if len(shape) == 1 else 0)
             sd[b + n + ".bias"] = torch.randn(shape[0]) * 0.1
-    bert = BertModel(BertConfig(vocab_size=len(WORDS), hidden_size=C, num_hidden_layers=2, num_attention_heads=2,
+    bert = BertModel(BertConfig(vocab_size=len(words), hidden_size=C, num_hidden_layers=2, num_attention_heads=2,
                                 intermediate_size=64, max_position_embeddings=40), add_pooling_layer=False).eval()
     sd.update({prefix + k: v for k, v in bert.state_dict().items()})
     sd[prefix + "encoder.layer.2.crossattention.self.query.weight"] = torch.randn(C, C)  # fusion layer: unused
@@ -165,7 +152,7 @@ def _albef_dir(tmp_path, prefix="text_encoder."):
     sd.update({"temp": torch.tensor(0.07), "image_queue": torch.randn(16, 8), "itm_head.weight": torch.randn(2, C),
                "visual_encoder_m.cls_token": torch.randn(1, 1, C)})
     torch.save({"model": sd, "epoch": 3}, tmp_path / "ALBEF.pth")
-    BertTokenizer(vocab={w: i for i, w in enumerate(WORDS)}).save_pretrained(tmp_path)
+    BertTokenizer(vocab={w: i for i, w in enumerate(words)}).save_pretrained(tmp_path)
     (tmp_path / "albef.json").write_text('{"vision_heads": 2, "text_heads": 2}')
     return tmp_path, sd, bert
 
@@ -188,11 +175,11 @@ def _timm_vit_cls(sd, x, heads=2, depth=2, patch=8):
 
 
 @pytest.mark.parametrize("prefix", ["text_encoder.", "text_encoder.bert."])
-def test_albef_official_keys(tmp_path, prefix):
+def test_albef_official_keys(tmp_path, tiny_words, prefix):
     from mmsparse.backbones.albef import pre_caption
-    d, sd, bert = _albef_dir(tmp_path, prefix)
+    d, sd, bert = _albef_dir(tmp_path, tiny_words, prefix)
     bb = load_backbone("albef", d, "cpu")
-    assert bb.dim == 16 and bb.word_embeddings().shape == (len(WORDS), 32)
+    assert bb.dim == 16 and bb.word_embeddings().shape == (len(tiny_words), 32)
     pv = bb.preprocess_images(_images())
     assert tuple(pv.shape) == (3, 3, 32, 32)
     img = bb.encode_pixels(pv, ("pre_projection",))
@@ -208,13 +195,13 @@ def test_albef_official_keys(tmp_path, prefix):
     np.testing.assert_allclose(bb.encode_tokens(batch)["vectors"], ref_t, atol=1e-5)
 
 
-def test_albef_bad_keys(tmp_path):
-    d, sd, _ = _albef_dir(tmp_path)
+def test_albef_bad_keys(tmp_path, tiny_words):
+    d, sd, _ = _albef_dir(tmp_path, tiny_words)
     del sd["visual_encoder.blocks.1.mlp.fc2.bias"]
     torch.save({"model": sd}, d / "ALBEF.pth")
     with pytest.raises(InputError, match=r"vision encoder: missing \[.*1\..*bias"):
         load_backbone("albef", d, "cpu")
-    d, sd, _ = _albef_dir(tmp_path)
+    d, sd, _ = _albef_dir(tmp_path, tiny_words)
     sd["visual_encoder.blocks.0.extra.weight"] = torch.zeros(1)
     torch.save({"model": sd}, d / "ALBEF.pth")
     with pytest.raises(InputError, match="unexpected checkpoint key.*extra"):

@@ -193,8 +193,8 @@ class AlbefBackbone(Backbone):
         import torch
         with torch.inference_mode():
             want_layer = "patch_states" in extras and layer != -1
-            out = self.vit(pixel_values=pixel_values.to(self.device), output_hidden_states=want_layer,
-                           return_dict=True)
+            out = self.vit(pixel_values=pixel_values.to(self.device, non_blocking=True),
+                           output_hidden_states=want_layer, return_dict=True)
             cls = out.last_hidden_state[:, 0]
             res = {"vectors": _np(_l2(self.vproj(cls)))}
             if "pre_projection" in extras:

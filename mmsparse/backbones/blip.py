@@ -32,7 +32,7 @@ class BlipBackbone(Backbone):
         import torch
         with torch.inference_mode():
             want_layer = "patch_states" in extras and layer != -1
-            out = self.net.vision_model(pixel_values=pixel_values.to(self.device), return_dict=True,
+            out = self.net.vision_model(pixel_values=pixel_values.to(self.device, non_blocking=True), return_dict=True,
                                         output_hidden_states=want_layer)
             cls = out.last_hidden_state[:, 0, :]
             res = {"vectors": _np(_l2(self.net.vision_proj(cls)))}

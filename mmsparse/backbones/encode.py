@@ -20,10 +20,18 @@ Extra datasets in the dense file (only when asked for):
                                      ViTs include the [CLS] position first; conv maps are flattened
                                      row-major to P = H*W)
 token/patch states are stored as `states_dtype` (float16 by default).
+
+Speed: images are decoded and preprocessed by a torch DataLoader with `workers` processes (0 = in
+the calling process; the vectors are byte-identical either way, the model runs in the calling
+process), batches go through pinned memory on CUDA, and `precision` bf16/fp16 runs the encoders
+under CUDA autocast (vectors are still normalised and stored as float32/`dtype`).
+Progress goes to a `mmsparse.progress.Reporter` (one task per output file; resume messages as
+log lines); nothing here prints.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
@@ -40,10 +48,36 @@ from ..errors import InputError
 from ..formats import DenseWriter
 from ..formats._h5 import STR, read_strings
 from ..data.records import CaptionRecord, ImageRecord
+from ..progress import Reporter, reporter
 from .base import Backbone
 
 FINGERPRINT = "fingerprint.json"
 MERGE_ROWS = 256
+PRECISIONS = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
+
+
+def check_precision(precision: str, device: str) -> None:
+    """InputError unless `precision` (fp32 | bf16 | fp16) can run on `device`: bf16 and fp16 are
+    CUDA autocast only (a CPU run is fp32), bf16 needs a GPU that supports it."""
+    if precision not in PRECISIONS:
+        raise InputError(f"--precision {precision!r}: use one of {', '.join(PRECISIONS)}")
+    if precision == "fp32":
+        return
+    if not str(device).startswith("cuda"):
+        raise InputError(f"--precision {precision}: autocast runs on CUDA only, and this run uses {device}; "
+                         f"use --precision fp32 (or --device cuda on a GPU machine)")
+    import torch
+    if precision == "bf16" and not torch.cuda.is_bf16_supported():
+        raise InputError("--precision bf16: this GPU does not support bfloat16; use --precision fp16 or fp32")
+
+
+def autocast(device: str, precision: str):
+    """Context manager: torch.autocast on CUDA with `precision`'s dtype, nothing for fp32."""
+    check_precision(precision, device)
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    import torch
+    return torch.autocast(device_type="cuda", dtype=getattr(torch, PRECISIONS[precision]))
 
 
 @dataclass
@@ -72,11 +106,17 @@ def load_image(path: Path):
         return im.convert("RGB")
 
 
-class _ImageSet:
-    """torch Dataset over ImageRecords: item -> (id, RGB image or None, error text)."""
+def _load_record(record: ImageRecord):
+    return load_image(record.path)
 
-    def __init__(self, records: Sequence[ImageRecord]):
+
+class _ImageSet:
+    """torch Dataset over ImageRecords: item -> (id, RGB image or None, error text). `loader`
+    (picklable, record -> PIL image) reads an image; default: the file at record.path."""
+
+    def __init__(self, records: Sequence[ImageRecord], loader=None):
         self.records = records
+        self.loader = loader or _load_record
 
     def __len__(self) -> int:
         return len(self.records)
@@ -84,7 +124,8 @@ class _ImageSet:
     def __getitem__(self, i):
         r = self.records[i]
         try:
-            return r.id, load_image(r.path), ""
+            im = self.loader(r)
+            return r.id, im if im.mode == "RGB" else im.convert("RGB"), ""
         except Exception as e:  # noqa: BLE001 — any decoder failure is a broken image
             return r.id, None, f"{type(e).__name__}: {e}"
 
@@ -102,10 +143,33 @@ class _Collate:
         return [i for i, _ in good], pv, bad
 
 
-def _image_batches(backbone: Backbone, records, batch_size: int, workers: int):
+class _RangeBatches:
+    """Batch sampler: consecutive index batches of at most `batch_size` within each [start, stop)
+    range, ranges in order (a batch never spans two shards)."""
+
+    def __init__(self, ranges: Sequence[tuple[int, int]], batch_size: int):
+        self.ranges, self.batch_size = list(ranges), batch_size
+
+    def __iter__(self):
+        for a, b in self.ranges:
+            for i in range(a, b, self.batch_size):
+                yield list(range(i, min(b, i + self.batch_size)))
+
+    def __len__(self) -> int:
+        return sum(-(-(b - a) // self.batch_size) for a, b in self.ranges)
+
+
+def image_batches(backbone: Backbone, records, batch_size: int, workers: int, loader=None,
+                  ranges: Sequence[tuple[int, int]] | None = None):
+    """DataLoader over `records` in order (only the index `ranges` [start, stop), default all):
+    batches (ids, pixel_values [B, 3, H, W] float32 or None, [(id, error)] of unreadable images),
+    decoded and preprocessed by `workers` processes (0 = here), which keep working ahead across
+    ranges; pinned memory when the backbone runs on CUDA."""
     from torch.utils.data import DataLoader
-    return DataLoader(_ImageSet(records), batch_size=batch_size, shuffle=False, num_workers=workers,
+    sampler = _RangeBatches(ranges or [(0, len(records))], batch_size)
+    return DataLoader(_ImageSet(records, loader), batch_sampler=sampler, num_workers=workers,
                       collate_fn=_Collate(backbone.image_preprocessor),
+                      pin_memory=str(backbone.device).startswith("cuda"),
                       prefetch_factor=2 if workers > 0 else None, persistent_workers=False)
 
 
@@ -120,7 +184,7 @@ def _fingerprint(kind: str, backbone: Backbone, records, settings: dict) -> dict
             **settings}
 
 
-def _prepare_partial(partial: Path, fp: dict, log) -> None:
+def _prepare_partial(partial: Path, fp: dict, log) -> None:  # log: str -> None
     f = partial / FINGERPRINT
     if partial.is_dir():
         try:
@@ -245,45 +309,55 @@ def _merge(out: Path, partial: Path, n_shards: int, dim: int, attrs: dict, text:
 
 
 def _run_shards(kind, backbone, records, out, attrs, shard_rows, dtype, extras, states_dtype,
-                layer, encode_shard, progress, log, force) -> EncodeResult:
+                layer, encode_shard, rep: Reporter, force, precision="fp32", begin=None) -> EncodeResult:
+    """Encode `records` shard by shard (see the module docstring) and merge into `out`.
+    encode_shard(shard records, shard writer, advance) -> skipped [(id, error)]; begin(ranges), if
+    given, is called once with the [start, stop) record ranges of the shards still to encode."""
     out = Path(out)
     partial = out.with_name(out.name + ".partial")
     settings = {"extras": sorted(extras), "layer": layer, "states_dtype": states_dtype,
                 "shard_rows": shard_rows, "dtype": dtype, "attrs": {k: str(v) for k, v in sorted(attrs.items())}}
+    if precision != "fp32":  # fp32 files keep the fingerprint they had before --precision existed
+        settings["precision"] = precision
     fp = _fingerprint(kind, backbone, records, settings)
     fp_text = json.dumps(fp, sort_keys=True)
     if not force:
         done = _finished(out, fp_text)
         if done is not None:
-            if progress:
-                progress.add_task(f"{out.name} (up to date)", total=len(records), completed=len(records))
+            with rep.task(f"{out.name} (up to date)", total=len(records)) as t:
+                t.advance(len(records))
             return EncodeResult(out, done[0], 0, 0.0, done[1])
-    _prepare_partial(partial, fp, log)
+    _prepare_partial(partial, fp, rep.log)
     n_shards = max(1, -(-len(records) // shard_rows))
     encoded, seconds = 0, 0.0
-    task = progress.add_task(f"{out.name}", total=len(records)) if progress else None
-    for s in range(n_shards):
-        shard = records[s * shard_rows:(s + 1) * shard_rows]
-        path = partial / f"shard-{s:05d}.h5"
-        if not path.exists():
+    if begin is not None:
+        begin([(s * shard_rows, min(len(records), (s + 1) * shard_rows)) for s in range(n_shards)
+               if not (partial / f"shard-{s:05d}.h5").exists()])
+    with rep.task(out.name, total=len(records)) as task:
+        for s in range(n_shards):
+            shard = records[s * shard_rows:(s + 1) * shard_rows]
+            path = partial / f"shard-{s:05d}.h5"
+            if path.exists():
+                task.advance(len(shard))
+                continue
             t0 = time.perf_counter()
             sw = _ShardWriter(path, len(shard) if kind == "captions" else None)
             try:
-                skipped = encode_shard(shard, sw, lambda k: progress.advance(task, k) if progress else None)
+                skipped = encode_shard(shard, sw, task.advance)
                 encoded += sw.f["ids"].shape[0] if "ids" in sw.f else 0
                 sw.commit(skipped)
             except BaseException as e:
                 sw.abort(e)
                 raise
             seconds += time.perf_counter() - t0
-        elif progress:
-            progress.advance(task, len(shard))
     side = "image_" if kind == "images" else "text_"
     proj = ({k: v for k, v in backbone.projections().items() if k.startswith(side)}
             if "pre_projection" in extras else {})
     a = {**attrs, **backbone.attrs(), "extras": ",".join(sorted(extras)), "fingerprint": fp_text}
     if "patch_states" in extras:
         a["patch_layer"] = int(layer)
+    if precision != "fp32":
+        a["precision"] = precision
     n, skipped = _merge(out, partial, n_shards, backbone.dim, a, kind == "captions", dtype, proj)
     shutil.rmtree(partial, ignore_errors=True)
     return EncodeResult(out, n, encoded, seconds, skipped)
@@ -294,28 +368,42 @@ def _run_shards(kind, backbone, records, out, attrs, shard_rows, dtype, extras, 
 def encode_images_file(backbone: Backbone, records: Sequence[ImageRecord], out: str | Path, attrs: dict,
                        batch_size: int = 64, workers: int = 1, dtype: str = "float32",
                        extras: Sequence[str] = (), layer: int = -1, states_dtype: str = "float16",
-                       strict: bool = False, shard_rows: int = 1024, progress=None,
-                       log=print, force: bool = False) -> EncodeResult:
-    """Encode images into dense file `out` (modality=image, ids = record ids, vectors [N, d]).
+                       strict: bool = False, shard_rows: int = 1024, precision: str = "fp32",
+                       loader=None, progress: Reporter | None = None, force: bool = False) -> EncodeResult:
+    """Encode images into dense file `out` (modality=image, ids = record ids, vectors [N, d] float32
+    or `dtype`), resumably (see the module docstring).
 
-    extras: subset of ("pre_projection", "patch_states"). Broken or missing images are skipped and
-    listed in the result (strict=True raises InputError naming the first one instead).
+    extras: subset of ("pre_projection", "patch_states"). workers: DataLoader processes decoding
+    and preprocessing images (0 = this process; same bytes either way). precision: fp32, or
+    bf16/fp16 autocast on CUDA (InputError elsewhere). loader: picklable record -> PIL image
+    (default: open record.path). Broken or missing images are skipped and listed in the result
+    (strict=True raises InputError naming the first one instead).
     attrs: the dense attributes other than backbone/model/normalized/dim (modality, dataset, split...).
     """
     import torch
+    check_precision(precision, backbone.device)
     sd = np.dtype(states_dtype)
     ex = tuple(e for e in extras if e in ("pre_projection", "patch_states"))
 
+    records = list(records)
+    batches = {}
+
+    def begin(ranges):  # one DataLoader over every shard still to do: workers never wait for a shard
+        batches["it"] = iter(image_batches(backbone, records, batch_size, workers, loader, ranges))
+
     def encode_shard(shard, sw, advance):
-        skipped = []
-        for ids, pv, bad in _image_batches(backbone, shard, batch_size, workers):
+        skipped, done = [], 0
+        while done < len(shard):
+            ids, pv, bad = next(batches["it"])
+            done += len(ids) + len(bad)
             if bad and strict:
                 path = next(r.path for r in shard if r.id == bad[0][0])
                 raise InputError(f"{path}: cannot read image ({bad[0][1]}); fix or remove it, "
                                  f"or drop --strict to skip broken images")
             skipped += bad
             if ids:
-                res = backbone.encode_pixels(pv, ex, layer)
+                with autocast(backbone.device, precision):
+                    res = backbone.encode_pixels(pv, ex, layer)
                 sw.strings("ids", ids)
                 sw.rows("vectors", res["vectors"].astype(np.float32))
                 for e in ex:
@@ -325,18 +413,20 @@ def encode_images_file(backbone: Backbone, records: Sequence[ImageRecord], out: 
         return skipped
 
     with torch.inference_mode():
-        return _run_shards("images", backbone, list(records), out, attrs, shard_rows, dtype, ex,
-                           states_dtype, layer, encode_shard, progress, log, force)
+        return _run_shards("images", backbone, records, out, attrs, shard_rows, dtype, ex,
+                           states_dtype, layer, encode_shard, reporter(progress), force, precision, begin)
 
 
 def encode_captions_file(backbone: Backbone, records: Sequence[CaptionRecord], out: str | Path, attrs: dict,
                          batch_size: int = 64, dtype: str = "float32", extras: Sequence[str] = (),
-                         states_dtype: str = "float16", shard_rows: int = 4096, progress=None,
-                         log=print, force: bool = False) -> EncodeResult:
+                         states_dtype: str = "float16", shard_rows: int = 4096, precision: str = "fp32",
+                         progress: Reporter | None = None, force: bool = False) -> EncodeResult:
     """Encode captions into dense file `out` (modality=text, ids = caption ids, texts and image_ids
     stored, vectors [N, d]). extras: subset of ("pre_projection", "token_states"); token_states
-    also stores token_mask and token_ids, padded to backbone.max_length."""
+    also stores token_mask and token_ids, padded to backbone.max_length. precision as for
+    encode_images_file. Captions are not checked here (the caller drops or refuses empty ones)."""
     import torch
+    check_precision(precision, backbone.device)
     sd = np.dtype(states_dtype)
     ex = tuple(e for e in extras if e in ("pre_projection", "token_states"))
     keys = [e for e in ex if e != "token_states"] + (["token_states", "token_mask", "token_ids"]
@@ -352,7 +442,8 @@ def encode_captions_file(backbone: Backbone, records: Sequence[CaptionRecord], o
         order = np.array(sorted(range(len(shard)), key=lambda i: len(shard[i].text)), dtype=np.int64)
         for s in range(0, len(order), batch_size):
             at = order[s:s + batch_size]
-            res = backbone.encode_tokens(backbone.tokenize([shard[i].text for i in at]), ex)
+            with autocast(backbone.device, precision):
+                res = backbone.encode_tokens(backbone.tokenize([shard[i].text for i in at]), ex)
             if "token_states" in ex:
                 res = _pad_tokens(res, backbone.max_length, pad, sd)
             sw.rows("vectors", res["vectors"].astype(np.float32), at)
@@ -364,4 +455,4 @@ def encode_captions_file(backbone: Backbone, records: Sequence[CaptionRecord], o
 
     with torch.inference_mode():
         return _run_shards("captions", backbone, list(records), out, attrs, shard_rows, dtype, ex,
-                           states_dtype, -1, encode_shard, progress, log, force)
+                           states_dtype, -1, encode_shard, reporter(progress), force, precision)

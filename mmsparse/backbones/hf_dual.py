@@ -144,7 +144,7 @@ class HFDualEncoder(Backbone):
         import torch
         with torch.inference_mode():
             want_layer = "patch_states" in extras and layer != -1
-            out = self.net.vision_model(pixel_values=pixel_values.to(self.device), return_dict=True,
+            out = self.net.vision_model(pixel_values=pixel_values.to(self.device, non_blocking=True), return_dict=True,
                                         output_hidden_states=want_layer)
             pooled = out.pooler_output
             vec = self.vproj(pooled) if self.vproj is not None else pooled
