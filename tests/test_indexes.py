@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import scipy.sparse as sp
+import seismic  # noqa: F401  (a required dependency: missing is an import error, not a skip)
 
 from mmsparse.errors import InputError
 from mmsparse.formats.dense import write_dense
@@ -14,7 +15,8 @@ from mmsparse.formats.sparse import write_sparse
 from mmsparse.indexes import open_index
 from mmsparse.indexes.faiss_index import build_faiss_index
 from mmsparse.indexes.pisa import PISA_DIR, build_pisa_index, quantize_rows, row_scales
-from mmsparse.indexes.rescore import prune_rows, rescore
+from mmsparse.indexes.rescore import prune_rows, rescore, rescore_one
+from mmsparse.indexes.seismic import build_seismic_index
 
 # Terms PISA's text path would split, lower-case or drop: they must survive via t<j> tokens.
 TRICKY = ["##ing", "Dog", "dog", ".", "[CLS]", "naïve", "a b", "t1", "-", "##s"]
@@ -150,9 +152,6 @@ def test_faiss_flat_exact_and_hnsw(tmp_path):
 
 
 def test_seismic_matches_brute_force(sparse_setup, tmp_path):
-    pytest.importorskip("seismic")
-    from mmsparse.indexes.seismic import build_seismic_index
-
     d, _, D, _, Q, _ = sparse_setup
     build_seismic_index(d / "docs.h5", tmp_path / "seis")
     res = open_index(tmp_path / "seis", heap_factor=1.0, query_cut=50).search(Q, 10)
@@ -219,10 +218,6 @@ def _exact_top(scores: np.ndarray, k: int) -> list[int]:
 def test_search_one_paths_match_batch_and_exhaustive(sparse_setup, tmp_path):
     """Single-query paths (used by the benchmark): PISA == its batch search; two-stage with every
     document as a candidate == exhaustive float top-k; Seismic at default settings keeps recall."""
-    pytest.importorskip("seismic")
-    from mmsparse.indexes.rescore import rescore_one
-    from mmsparse.indexes.seismic import build_seismic_index
-
     d, _, D, _, Q, _ = sparse_setup
     k = 10
     exact = (Q @ D.T).toarray()

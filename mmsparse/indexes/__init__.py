@@ -1,7 +1,8 @@
-"""Indexes over sparse (PISA, optionally Seismic) and dense (Faiss) collections.
+"""Indexes over sparse (PISA, Seismic), dense (Faiss) and sparse + dense (Milvus) collections.
 
-Every index is a directory holding the engine's files plus `mmsparse.json` (see meta.py).
-`open_index(dir)` returns a searcher for it whatever its kind.
+Every index is a directory holding the engine's files (Milvus with a server: only the
+connection) plus `mmsparse.json` (see meta.py). `open_index(dir)` returns a searcher for it
+whatever its kind.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from .meta import read_meta
 
 
 def open_index(index_dir: str | Path, threads: int = 1, **options):
-    """A searcher for INDEX_DIR chosen by `mmsparse.json` kind (pisa | seismic | faiss).
+    """A searcher for INDEX_DIR chosen by `mmsparse.json` kind (pisa | seismic | faiss | milvus);
+    `options` are the engine's search settings (see each searcher). A Milvus searcher holds a
+    connection: close it (`with open_index(...) as s:` or `s.close()`).
 
     Raises InputError if the directory or its metadata is missing or unknown.
     """
@@ -24,5 +27,8 @@ def open_index(index_dir: str | Path, threads: int = 1, **options):
     if kind == "seismic":
         from .seismic import SeismicSearcher
         return SeismicSearcher(index_dir, threads=threads, **options)
+    if kind == "milvus":
+        from .milvus import MilvusSearcher
+        return MilvusSearcher(index_dir, threads=threads, **options)
     from .faiss_index import FaissSearcher
     return FaissSearcher(index_dir, threads=threads, **options)

@@ -2,8 +2,8 @@
 
 PISA writes to file descriptors 1 and 2 directly, so redirecting sys.stdout is not enough.
 `quiet_fds()` points fds 1 and 2 at a temporary log while active; on an exception the log's
-tail is attached to the error so nothing useful is lost. `console()` gives a rich Console on a
-duplicate of the real stderr, so progress bars still show while the fds are redirected.
+tail is attached to the error so nothing useful is lost. Progress bars drawn by the command line
+survive this: `mmsparse.cli_ui.RichReporter` writes to a duplicate of the real stderr.
 """
 
 from __future__ import annotations
@@ -49,10 +49,3 @@ def _restore(saved: list[int]) -> None:
             os.close(dup)
     saved[:] = [-1, -1]
 
-
-def console():
-    """A rich Console writing to a duplicate of the current stderr (survives quiet_fds)."""
-    from rich.console import Console
-
-    return Console(file=os.fdopen(os.dup(2), "w", buffering=1), stderr=True,
-                   force_terminal=sys.stderr.isatty() or None)

@@ -1,10 +1,11 @@
 """`mmsparse.json`: what an index directory holds and how it was built.
 
-Keys: kind (pisa | seismic | faiss), format_version, source (absolute path of the HDF5 it was
-built from), source_attrs (modality, head, backbone, model, dataset, split, ... of that file),
-num_docs, build_seconds, settings (engine options), plus kind-specific keys (quantisation
-scale for PISA, dim/metric for Faiss), and provenance: mmsparse_version, command and inputs
-(path, kind and sha256 of the source file; see mmsparse/provenance.py).
+Keys: kind (pisa | seismic | faiss | milvus), format_version, source (absolute path of the HDF5
+it was built from), source_attrs (modality, head, backbone, model, dataset, split, ... of that
+file), num_docs, build_seconds, settings (engine options), plus kind-specific keys (quantisation
+scale for PISA, dim/metric for Faiss, connection, collection and fields for Milvus), and
+provenance: mmsparse_version, command and inputs (path, kind and sha256 of the source file; see
+mmsparse/provenance.py).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from ..errors import InputError, require_dir
 from ..provenance import record
 
 META_NAME = "mmsparse.json"
-KINDS = ("pisa", "seismic", "faiss")
-SPARSE_KINDS = ("pisa", "seismic")
+KINDS = ("pisa", "seismic", "faiss", "milvus")
+SPARSE_KINDS = ("pisa", "seismic")  # sparse-only engines (Milvus holds sparse and/or dense)
 # Source-file attributes worth carrying into the index metadata (when present).
 SOURCE_KEYS = ("format", "modality", "head", "method", "query_mode", "backbone", "model", "dataset",
                "split", "normalized", "dim", "mmsparse_version", "command")
@@ -29,10 +30,12 @@ def source_attrs(attrs: dict) -> dict:
 
 
 def write_meta(index_dir: Path, meta: dict) -> None:
-    """Write `mmsparse.json` into (the temporary) index directory, adding provenance."""
+    """Write `mmsparse.json` into (the temporary) index directory, adding provenance. Atomic, so
+    an index updated in place (Milvus) never shows a half-written file."""
+    from ..atomic import write_text_atomic
+
     out = {**meta, "format_version": 1, **record()}
-    (Path(index_dir) / META_NAME).write_text(json.dumps(out, indent=2, sort_keys=True) + "\n",
-                                             encoding="utf-8")
+    write_text_atomic(Path(index_dir) / META_NAME, json.dumps(out, indent=2, sort_keys=True) + "\n")
 
 
 def read_meta(index_dir: str | Path) -> dict:
@@ -56,6 +59,9 @@ def hdf5_format(path: str | Path, what: str) -> str:
 
     from ..errors import require_file
 
+    if Path(path).is_dir():  # a sharded output: parts + manifest.json (formats/sharded.py)
+        from ..formats.sharded import read_manifest
+        return read_manifest(path)["kind"]
     p = require_file(path, what)
     try:
         with h5py.File(p, "r") as f:
