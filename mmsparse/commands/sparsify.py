@@ -14,6 +14,8 @@ import typer
 
 from ..methods import get_config_class, method_names
 
+RAY = "Ray (docs/ray.md)"
+
 
 def _method_params() -> list[inspect.Parameter]:
     params, seen = [], set()
@@ -48,19 +50,33 @@ def _build():
         ("threads", int, typer.Option(2, "--threads", min=1, help="torch CPU threads.")),
         ("force", bool, typer.Option(False, "--force", help="Apply the head even when the dense file's backbone or "
                                      "model differs from the one its training vectors came from (a warning instead).")),
+        ("ray", Optional[str], typer.Option(None, "--ray", help="Run as a Ray Data pipeline (needs the "
+                                            "'scale' extra; docs/ray.md): local, auto (this machine's cluster) or "
+                                            "ray://HOST:10001. OUT becomes a sharded directory (part files + "
+                                            "manifest.json) that every stage reads like the file. Default: off.",
+                                            rich_help_panel=RAY)),
+        ("workers", int, typer.Option(1, "--workers", min=1, help="--ray: head replicas (Ray actors).",
+                                      rich_help_panel=RAY)),
+        ("num_gpus_per_worker", float, typer.Option(0.0, "--num-gpus-per-worker", min=0, help="--ray: GPUs per "
+                                                    "replica (fractions share a GPU; 0 = CPU).", rich_help_panel=RAY)),
+        ("cpus_per_worker", float, typer.Option(1.0, "--cpus-per-worker", min=0.01, help="--ray: CPUs reserved per "
+                                                "replica; also its torch threads (at least 1).", rich_help_panel=RAY)),
+        ("part_rows", Optional[int], typer.Option(None, "--part-rows", min=1, help="--ray: dense rows per part "
+                                                  "file [default: 65536].", rich_help_panel=RAY)),
     ]
     params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=d, annotation=t)
               for n, t, d in base] + _method_params()
 
     def main(**kw) -> None:
         """Project dense vectors onto the head's vocabulary and write them as a sparse HDF5 file."""
-        from .. import api
-        from ..cli_ui import RichReporter
+        from ..api.sparsify import sparsify   # the function: once mmsparse.api.sparsify (the module) is
+        from ..cli_ui import RichReporter     # imported, `api.sparsify` names the module, not the function
 
         args = {n: kw.pop(n) for n, _, _ in base}
-        api.sparsify(args["head_dir"], args["dense"], out=args["out"], query_mode=args["query_mode"],
-                     batch_size=args["batch_size"], threads=args["threads"], force=args["force"],
-                     progress=RichReporter(), **{k: v for k, v in kw.items() if v is not None})
+        sparsify(args["head_dir"], args["dense"], out=args["out"], query_mode=args["query_mode"],
+                 batch_size=args["batch_size"], threads=args["threads"], force=args["force"],
+                 ray=args["ray"], workers=args["workers"], num_gpus_per_worker=args["num_gpus_per_worker"],
+                 cpus_per_worker=args["cpus_per_worker"], part_rows=args["part_rows"], progress=RichReporter(), **{k: v for k, v in kw.items() if v is not None})
 
     main.__signature__ = inspect.Signature(params)
     return main

@@ -14,6 +14,9 @@ STR = h5py.string_dtype(encoding="utf-8")
 
 def open_h5(path: str | Path, kind: str) -> h5py.File:
     """Open an HDF5 file read-only, or raise InputError saying it is missing or unreadable."""
+    if Path(path).is_dir():  # a sharded output: parts + manifest (formats/sharded.py)
+        from .sharded import open_sharded
+        return open_sharded(path, kind)
     p = require_file(path, f"{kind} HDF5")
     try:
         f = h5py.File(p, "r")

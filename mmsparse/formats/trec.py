@@ -69,7 +69,8 @@ def _read_run_pandas(p: Path) -> Run | None:
 
     try:
         df = pd.read_csv(p, sep=r"\s+", header=None, names=range(6), dtype={0: str, 1: str, 2: str, 5: str},
-                         engine="c", encoding="utf-8", on_bad_lines="error", skip_blank_lines=True)
+                         engine="c", encoding="utf-8", on_bad_lines="error", skip_blank_lines=True,
+                         quoting=3, comment=None)  # csv.QUOTE_NONE: a '"' in an id is a character, not a quote
     except (ValueError, pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError):
         return None
     if len(df) == 0 or df.isna().any().any() or not pd.api.types.is_integer_dtype(df[3]) \
