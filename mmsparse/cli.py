@@ -15,6 +15,7 @@ from pathlib import Path
 import typer
 
 from .commands import encode_dense, eval as eval_cmd, index, inspect, search, sparsify, train_head
+from .commands import query as query_cmd, serve as serve_cmd
 from .errors import InputError
 
 app = typer.Typer(
@@ -26,6 +27,22 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from ._version import __version__
+
+        typer.echo(f"mmsparse {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True,
+                                          help="Print the mmsparse version and exit.")) -> None:
+    """Multimodal learned sparse retrieval (see `mmsparse COMMAND --help`)."""
+
 
 _ENTRY: dict = {"argv": None}  # set by main(): the process's own command line is the one to record
 
@@ -40,10 +57,8 @@ def _recorded(func):
         argv = _ENTRY["argv"]
         command = (" ".join(shlex.quote(a) for a in ["mmsparse", *argv]) if argv is not None
                    else _click_command_line())
-        # TRANSITION: commands not yet calling a recorded API function still get their Path inputs
-        inputs = [x for k, v in kwargs.items() if k != "out" and not k.endswith("_out")
-                  for x in (v if isinstance(v, (list, tuple)) else [v]) if isinstance(x, Path)]
-        with provenance.recording(inputs, seed=kwargs.get("seed"), command=command):
+        # inputs: the API function the command calls adds its own (provenance.recorded)
+        with provenance.recording([], seed=kwargs.get("seed"), command=command):
             return func(*args, **kwargs)
     return run
 
@@ -55,6 +70,8 @@ app.command("index", no_args_is_help=True)(_recorded(index.main))
 app.command("search", no_args_is_help=True)(_recorded(search.main))
 app.command("eval", no_args_is_help=True)(_recorded(eval_cmd.main))
 app.command("inspect", no_args_is_help=True)(_recorded(inspect.main))
+app.command("query", no_args_is_help=True)(_recorded(query_cmd.main))
+app.command("serve", no_args_is_help=True)(_recorded(serve_cmd.main))
 
 
 def _click_command_line() -> str | None:

@@ -17,36 +17,52 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
+def pytest_sessionstart(session):
+    """The tests run on real data: without it the suite stops at once with one message saying
+    where the data is expected and how to point to it (skipping would report a green run)."""
+    missing = [f"{what} at {p}" for what, p in (("Flickr8k (dataset_flickr8k.json)", settings.flickr8k_dir()
+                                                 / "dataset_flickr8k.json"),
+                                                ("the dual encoder (config.json)", settings.dual_encoder_dir()
+                                                 / "config.json")) if not p.is_file()]
+    if missing:
+        pytest.exit(f"mmsparse tests need the shared data: missing {' and '.join(missing)}. Put shared/ beside "
+                    "the repository, or set MMSPARSE_SHARED=/path/to/shared (or MMSPARSE_FLICKR8K and "
+                    "MMSPARSE_MODEL one by one).", returncode=4)
+
+
 @pytest.fixture(scope="session")
 def flickr8k_dir() -> Path:
-    d = settings.flickr8k_dir()
-    if not (d / "dataset_flickr8k.json").is_file():
-        pytest.skip(f"Flickr8k not found at {d} (set MMSPARSE_SHARED or MMSPARSE_FLICKR8K)")
-    return d
+    """The Flickr8k folder (dataset_flickr8k.json + images/), checked at session start."""
+    return settings.flickr8k_dir()
 
 
 @pytest.fixture(scope="session")
 def dual_encoder_dir() -> Path:
-    d = settings.dual_encoder_dir()
-    if not (d / "config.json").is_file():
-        pytest.skip(f"dual encoder not found at {d} (set MMSPARSE_SHARED or MMSPARSE_MODEL)")
-    return d
+    """The offline dual encoder (a VisionTextDualEncoderModel directory), checked at session start."""
+    return settings.dual_encoder_dir()
+
+
+def mmsparse_main(*args) -> int:
+    """Exit status of `mmsparse ARGS` run in this process through the console script's entry
+    point (cli.main), so exit codes and one-line errors are those a user sees."""
+    old = sys.argv
+    sys.argv = ["mmsparse", *map(str, args)]
+    try:
+        cli.main()
+        return 0
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv = old
 
 
 @pytest.fixture
 def run_cli(capfd):
-    """run_cli(*args) -> (exit code, stdout, stderr) of `mmsparse ARGS`, in-process through
-    cli.main, so exit codes and the one-line errors are those of the console script."""
+    """run_cli(*args) -> (exit code, stdout, stderr) of `mmsparse ARGS` (mmsparse_main), with the
+    output captured at the file-descriptor level (engines such as PISA write there directly)."""
     def run(*args) -> tuple[int, str, str]:
-        old = sys.argv
-        sys.argv = ["mmsparse", *map(str, args)]
-        try:
-            cli.main()
-            code = 0
-        except SystemExit as e:
-            code = e.code or 0
-        finally:
-            sys.argv = old
+        capfd.readouterr()
+        code = mmsparse_main(*args)
         out, err = capfd.readouterr()
         return code, out, err
     return run
@@ -86,7 +102,7 @@ def tiny_clip(tmp_path_factory, tiny_words) -> Path:
 
 # -- a small collection every method trains on ------------------------------------------------
 
-WORDS = "dog cat man woman runs jumps on grass beach snow red blue ball water".split()
+WORDS = "dog cat man woman runs jumps on grass beach snow red blue ball water a the".split()
 
 
 def write_method_split(root: Path, split: str, n_img: int, model: Path, seed: int, d: int = 16) -> None:
@@ -146,3 +162,31 @@ def method_data(tmp_path_factory, dual_encoder_dir) -> Path:
     for split, n, seed in (("train", 40, 0), ("val", 12, 1), ("test", 12, 2)):
         write_method_split(root, split, n, dual_encoder_dir, seed)
     return root
+
+
+# -- a real small search setup (query, serve, PyTerrier, hub tests) ---------------------------
+
+@pytest.fixture(scope="session")
+def search_setup(tmp_path_factory, flickr8k_dir, dual_encoder_dir) -> dict:
+    """Real Flickr8k through the real dual encoder: train (first 200 images, 1,000 captions) and
+    test (first 100 images, 500 captions) encoded, a D2S head trained on train for 6 epochs over
+    the training captions' vocabulary with the Flickr8k example's flags (examples/flickr8k/Makefile
+    D2S_FLAGS; the L1 warm-up scaled to 4 steps), the test images sparsified and indexed with PISA, and their
+    dense vectors indexed with Faiss. Keys: root, dense (encode-dense's directory), head,
+    sparse_images, pisa, faiss (index directories), images (the Flickr8k image folder)."""
+    import mmsparse
+
+    root = tmp_path_factory.mktemp("search-setup")
+    data = (flickr8k_dir / "dataset_flickr8k.json", flickr8k_dir / "images")
+    dense = root / "dense"
+    for split, n in (("train", 200), ("test", 100)):
+        mmsparse.encode_dense(*data, out=dense, model=dual_encoder_dir, split=[split], limit=n, workers=0)
+    head = mmsparse.train_head(dense / "train-images.h5", dense / "train-captions.h5", out=root / "head",
+                               epochs=6, batch_size=128, vocab_min_df=1, lr_warmup=0, vocab_lr=1e-3,
+                               weight_decay=0.01, sparsity_loss="flops", eta=0.05, l1_warmup=4,
+                               mask_caption_terms=False, l1_caption="raw", pec_end=1.0)
+    docs = mmsparse.sparsify(head, dense / "test-images.h5", out=root / "sparse" / "test-images.h5")
+    return {"root": root, "dense": dense, "head": head, "sparse_images": docs,
+            "pisa": mmsparse.build_index(docs, out=root / "index" / "pisa"),
+            "faiss": mmsparse.build_index(dense / "test-images.h5", out=root / "index" / "faiss"),
+            "images": flickr8k_dir / "images"}

@@ -27,6 +27,7 @@ LAYERS = {
     "mmsparse.bench": "tools",              # benchmark programs
     "mmsparse.serve": "tools",              # the search web application (FastAPI)
     "mmsparse.pyterrier": "api",            # PyTerrier transformers over the API
+    "mmsparse.distributed": "api",          # Ray Data: the same stages on many workers
 }
 CLI_ONLY = ("typer", "click", "rich")
 MODEL_CODE = ("torch", "transformers")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import h5py
@@ -20,8 +19,8 @@ from typer.testing import CliRunner
 
 from mmsparse.cli import app
 from mmsparse.formats import read_sparse, write_dense, write_qrels, write_sparse
+from conftest import WORDS  # one word list for every test
 
-WORDS = "dog cat man woman runs jumps on grass beach snow red blue ball water a the".split()
 D = 32
 
 
@@ -76,20 +75,11 @@ class Result:
 
 
 @pytest.fixture
-def cli(monkeypatch, capfd):
-    """`mmsparse ARGS` through the real entry point; exit code and stderr (fd level)."""
-    from mmsparse import cli as cli_mod
-
+def cli(run_cli):
+    """`mmsparse ARGS` through the real entry point (conftest's run_cli) as a Result."""
     def run(*args) -> Result:
-        monkeypatch.setattr(sys, "argv", ["mmsparse", *map(str, args)])
-        capfd.readouterr()
-        try:
-            cli_mod.main()
-            code = 0
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        cap = capfd.readouterr()
-        return Result(code, cap.err, cap.out)
+        code, out, err = run_cli(*args)
+        return Result(code, err, out)
     return run
 
 

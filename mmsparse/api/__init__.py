@@ -28,6 +28,7 @@ _WHERE = {
     "evaluate_table": "evaluate",
     "inspect_terms": "inspect",
     "inspect_provenance": "inspect",
+    "query": "query",
 }
 
 __all__ = sorted(_WHERE)
