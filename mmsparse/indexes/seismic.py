@@ -32,19 +32,39 @@ STEM = "seismic"
 U16_LIMIT = 65536  # SeismicIndex stores components as u16; larger vocabularies need the LV variant
 
 
-def _index_class(vocab_size: int):
+VARIANTS = ("f16", "dotvbyte")
+
+
+def _index_class(vocab_size: int, variant: str = "f16"):
+    """The pyseismic-lsr index class: f16 values with u16 (or, for |V| >= 65536, u32) components,
+    or the DotVByte-compressed forward index (u16 components only)."""
     import seismic
 
+    if variant == "dotvbyte":
+        if vocab_size >= U16_LIMIT:
+            raise InputError(f"Seismic variant dotvbyte needs a vocabulary < {U16_LIMIT} terms, got {vocab_size}")
+        return seismic.SeismicIndexDotVByte
+    if variant != "f16":
+        raise InputError(f"Seismic variant {variant!r} unknown; choose one of {', '.join(VARIANTS)}")
     return seismic.SeismicIndex if vocab_size < U16_LIMIT else seismic.SeismicIndexLV
 
 
 def build_seismic_index(src: str | Path, out_dir: str | Path, n_postings: int = 4000,
                         centroid_fraction: float = 0.1, summary_energy: float = 0.4, threads: int = 1,
-                        progress: Callable[[int], None] | None = None) -> dict:
+                        progress: Callable[[int], None] | None = None, max_fraction: float = 1.5,
+                        min_cluster_size: int = 2, doc_cut: int = 15, knn: int = 0,
+                        variant: str = "f16") -> dict:
     """Build a Seismic index of sparse HDF5 `src` into `out_dir` atomically; returns the metadata.
 
-    n_postings: postings kept per term; centroid_fraction: blocks per list / list length;
-    summary_energy: L1 mass kept in block summaries. Raises InputError for an empty collection.
+    The parameters are pyseismic-lsr's `build_from_dataset` arguments (Seismic's
+    docs/Guidelines.md): n_postings: postings kept per term on average (global threshold);
+    max_fraction: no list longer than max_fraction x n_postings; centroid_fraction: blocks per
+    list / n_postings; min_cluster_size: smallest block; summary_energy: L1 mass kept in block
+    summaries; doc_cut: terms per document used by the approximate k-means; knn: neighbours per
+    document of the k-NN graph built with the index (0 = none; searched with `n_knn`, Bruch et al.
+    2024's graph refinement; much slower to build); variant: f16 (values stored as float16) or
+    dotvbyte (compressed forward index, no k-NN graph). Raises InputError for an empty
+    collection or a bad variant.
     """
     import seismic
 
@@ -53,6 +73,9 @@ def build_seismic_index(src: str | Path, out_dir: str | Path, n_postings: int = 
     m = col.matrix
     if m.shape[0] == 0 or m.nnz == 0:
         raise InputError(f"{src}: no non-empty document to index")
+    cls = _index_class(len(col.vocab), variant)
+    if knn and variant == "dotvbyte":
+        raise InputError("Seismic variant dotvbyte cannot hold a k-NN graph; use variant f16 with knn")
     dataset_cls = seismic.SeismicDataset if len(col.vocab) < U16_LIMIT else seismic.SeismicDatasetLV
     ds = dataset_cls(dim=len(col.vocab))
     ds.add_documents_by_id([str(i) for i in range(m.shape[0])], m.indices.astype(np.int64),
@@ -60,8 +83,9 @@ def build_seismic_index(src: str | Path, out_dir: str | Path, n_postings: int = 
     if progress:
         progress(m.shape[0])
     with quiet_fds():  # Seismic prints its configuration and timings to stdout
-        index = _index_class(len(col.vocab)).build_from_dataset(
+        index = cls.build_from_dataset(
             ds, n_postings=n_postings, centroid_fraction=centroid_fraction, summary_energy=summary_energy,
+            max_fraction=max_fraction, min_cluster_size=min_cluster_size, doc_cut=doc_cut, nknn=knn,
             num_threads=threads)
     with atomic_path(out_dir, directory=True) as tmp:
         with quiet_fds():
@@ -82,7 +106,8 @@ def build_seismic_index(src: str | Path, out_dir: str | Path, n_postings: int = 
             "settings": {"engine": "pyseismic-lsr", "engine_version": _version(),
                          "index_class": type(index).__name__, "n_postings": n_postings,
                          "centroid_fraction": centroid_fraction, "summary_energy": summary_energy,
-                         "threads": threads},
+                         "max_fraction": max_fraction, "min_cluster_size": min_cluster_size, "doc_cut": doc_cut,
+                         "knn": knn, "variant": variant, "threads": threads},
             "build_seconds": round(time.time() - t0, 3),
         }
         write_meta(tmp, meta)
@@ -98,13 +123,18 @@ def _version() -> str:
 class SeismicSearcher:
     """Approximate top-k inner-product search over a Seismic index directory.
 
-    query_cut: query terms (largest first) whose posting lists are scanned; heap_factor in
-    (0, 1]: block pruning, higher skips fewer blocks (more exact, slower; measured, not assumed).
+    query_cut: query terms (largest first) whose posting lists are scanned; heap_factor:
+    a block is skipped once k results are held and its summary's dot product with the query is
+    below heap_factor x the k-th best score so far (Seismic's inverted_index.rs), so lower values
+    skip fewer blocks (slower, closer to exact); n_knn: neighbours of each result
+    taken from the index's k-NN graph and scored too (0 = off; needs an index built with knn);
+    sorted: visit the first list's blocks by decreasing summary score (pyseismic's default).
     """
 
     kind = "seismic"
 
-    def __init__(self, index_dir: str | Path, threads: int = 1, query_cut: int = 10, heap_factor: float = 0.7):
+    def __init__(self, index_dir: str | Path, threads: int = 1, query_cut: int = 10, heap_factor: float = 0.7,
+                 n_knn: int = 0, sorted: bool = True):
         self.dir = Path(index_dir)
         self.meta = read_meta(self.dir)
         if self.meta["kind"] != "seismic":
@@ -114,8 +144,11 @@ class SeismicSearcher:
             raise InputError(f"{self.dir}: index is incomplete (no {path.name} or {FORWARD}); rebuild it")
         self.ids, self.vocab = read_ids_vocab(self.dir / FORWARD)
         with quiet_fds():
-            self.index = _index_class(len(self.vocab)).load(str(path))
+            self.index = _index_class(len(self.vocab), self.meta["settings"].get("variant", "f16")).load(str(path))
         self.threads, self.query_cut, self.heap_factor = threads, query_cut, heap_factor
+        if n_knn and not self.index.knn_len:
+            raise InputError(f"{self.dir}: n_knn={n_knn} needs a k-NN graph; rebuild the index with knn > 0")
+        self.n_knn, self.sorted = n_knn, sorted
         self._forward = None
         self._str = None
 
@@ -134,7 +167,7 @@ class SeismicSearcher:
         with quiet_fds():
             res = self.index.batch_search(np.array([str(i) for i in live], dtype=st), comps, vals, k=k,
                                           query_cut=self.query_cut, heap_factor=self.heap_factor,
-                                          num_threads=self.threads)
+                                          n_knn=self.n_knn, sorted=self.sorted, num_threads=self.threads)
         for hits in res:  # results may come back in any order: map them by query id
             if hits:
                 out[int(hits[0][0])] = [(int(doc), float(score)) for _, score, doc in hits]
@@ -153,7 +186,8 @@ class SeismicSearcher:
             self._str = get_seismic_string()
         comps = np.array([str(t) for t in indices], dtype=self._str)
         hits = self.index.search("0", comps, np.asarray(weights, dtype=np.float32), k=k,
-                                 query_cut=self.query_cut, heap_factor=self.heap_factor)
+                                 query_cut=self.query_cut, heap_factor=self.heap_factor, n_knn=self.n_knn,
+                                 sorted=self.sorted)
         docs = np.fromiter((int(d) for _, _, d in hits), dtype=np.int64, count=len(hits))
         return docs, np.fromiter((s for _, s, _ in hits), dtype=np.float64, count=len(hits))
 
