@@ -190,3 +190,22 @@ def search_setup(tmp_path_factory, flickr8k_dir, dual_encoder_dir) -> dict:
             "pisa": mmsparse.build_index(docs, out=root / "index" / "pisa"),
             "faiss": mmsparse.build_index(dense / "test-images.h5", out=root / "index" / "faiss"),
             "images": flickr8k_dir / "images"}
+
+
+def write_dense_pair(root: Path, model: Path, n_img: int, split: str = "train", d: int = 32, seed: int = 0) -> None:
+    """`split`-images.h5 (n_img random unit vectors [n_img, d]) and `split`-captions.h5 (two noisy copies
+    of each, with WORDS texts and image ids) in `root`: a small dense pair for the kill/resume tests."""
+    import numpy as np
+
+    from mmsparse.formats import write_dense
+
+    rng = np.random.default_rng(seed)
+    zi = rng.normal(size=(n_img, d)).astype(np.float32)
+    zi /= np.linalg.norm(zi, axis=1, keepdims=True)
+    ids = [f"c{i}-{j}" for i in range(n_img) for j in range(2)]
+    img = [f"i{i}" for i in range(n_img) for _ in range(2)]
+    zc = zi[np.repeat(np.arange(n_img), 2)] + 0.3 * rng.normal(size=(2 * n_img, d)).astype(np.float32) / np.sqrt(d)
+    texts = [" ".join(rng.choice(WORDS, 5)) for _ in ids]
+    base = dict(backbone="hf-dual", model=str(model), dataset="unit", split=split, normalized=True)
+    write_dense(root / f"{split}-images.h5", [f"i{i}" for i in range(n_img)], zi, dict(base, modality="image"))
+    write_dense(root / f"{split}-captions.h5", ids, zc, dict(base, modality="text"), texts=texts, image_ids=img)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import h5py
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -120,8 +119,6 @@ def test_atomic_directory_replaces_whole(tmp_path):
             raise ValueError
     assert sorted(p.name for p in tmp_path.iterdir()) == ["idx"]
     assert [p.name for p in target.iterdir()] == ["a"]
-    with h5py.File(tmp_path / "x.h5", "w"):
-        pass
 
 
 # -- issue 10: more round trips (empty and single-row collections, unicode, float16, sidecars) --

@@ -21,8 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from mmsparse.formats import write_dense
-from conftest import WORDS, mmsparse_main  # one word list and one CLI runner for every test
+from conftest import WORDS, mmsparse_main, write_dense_pair  # shared word list, CLI runner, dense pairs
 
 
 
@@ -57,19 +56,6 @@ def no_temps(d: Path) -> bool:
     return not [p for p in d.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
 
 
-def _dense_pair(root: Path, model: Path, n_img: int, split: str = "train", d: int = 32, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    zi = rng.normal(size=(n_img, d)).astype(np.float32)
-    zi /= np.linalg.norm(zi, axis=1, keepdims=True)
-    ids = [f"c{i}-{j}" for i in range(n_img) for j in range(2)]
-    img = [f"i{i}" for i in range(n_img) for _ in range(2)]
-    zc = zi[np.repeat(np.arange(n_img), 2)] + 0.3 * rng.normal(size=(2 * n_img, d)).astype(np.float32) / np.sqrt(d)
-    texts = [" ".join(rng.choice(WORDS, 5)) for _ in ids]
-    base = dict(backbone="hf-dual", model=str(model), dataset="unit", split=split, normalized=True)
-    write_dense(root / f"{split}-images.h5", [f"i{i}" for i in range(n_img)], zi, dict(base, modality="image"))
-    write_dense(root / f"{split}-captions.h5", ids, zc, dict(base, modality="text"), texts=texts, image_ids=img)
-
-
 @pytest.fixture(scope="module")
 def small(tmp_path_factory, dual_encoder_dir):
     """Dense test files and a real (untrained) D2S head for sparsify and index."""
@@ -77,7 +63,7 @@ def small(tmp_path_factory, dual_encoder_dir):
     from mmsparse.vocab import Vocab
 
     root = tmp_path_factory.mktemp("kill")
-    _dense_pair(root, dual_encoder_dir, 30, "test")
+    write_dense_pair(root, dual_encoder_dir, 30, "test")
     torch.manual_seed(0)
     head = D2SHead.from_vocab(32, Vocab(WORDS, torch.randn(len(WORDS), 16), None, "unit"),
                               {"backbone": "hf-dual", "model": str(dual_encoder_dir)})
@@ -129,7 +115,7 @@ def test_encode_dense_killed_and_rerun(flickr8k_dir, dual_encoder_dir, tiny_mode
 
 
 def test_train_head_killed_and_resumed(dual_encoder_dir, tiny_models, tmp_path):
-    _dense_pair(tmp_path, dual_encoder_dir, 48)
+    write_dense_pair(tmp_path, dual_encoder_dir, 48)
     out, ref = tmp_path / "head", tmp_path / "ref"
     args = ["train-head", tmp_path / "train-images.h5", tmp_path / "train-captions.h5", "-o", out,
             "--epochs", "3", "--batch-size", "32", "--seed", "3", "--vocab-model", tiny_models / "bert"]
