@@ -417,16 +417,22 @@ def index_bytes(index_dir: Path, kind: str, with_forward: bool = False) -> int:
     return size([index_dir / "faiss.index"])
 
 
+def _sparse_job_inputs(sc: Scale):
+    """What every sparse engine's job reads: the queries, the documents' CSR matrix [N, |V|] and
+    ids, the exhaustive top-k of the same vectors (the overlap reference) and the document
+    frequency of every term (for postings touched per query)."""
+    q = load_queries(sc)
+    D, doc_ids, _ = _sparse_docs(sc)
+    return q, D, doc_ids, _read_exact(sc, "sparse"), np.bincount(D.indices, minlength=D.shape[1])
+
+
 def job_pisa(sc: Scale) -> dict:
     """PISA algorithms, query pruning, query bits, caption-term queries and two-stage."""
     from ..indexes.pisa import PisaSearcher
     from ..indexes.rescore import prune_rows, rescore_one
 
     st = sc.settings
-    q = load_queries(sc)
-    D, doc_ids, _ = _sparse_docs(sc)
-    exact = _read_exact(sc, "sparse")
-    df = np.bincount(D.indices, minlength=D.shape[1])
+    q, D, doc_ids, exact, df = _sparse_job_inputs(sc)
     d, meta, brss = _pisa_build(sc, f"pisa-b{st['pisa_bits']}-k{st['pisa_block']}-block_simdbp", st["pisa_bits"],
                                 st["pisa_block"], "block_simdbp")
     ps = PisaSearcher(d, threads=1)
@@ -495,10 +501,7 @@ def job_pisa_levers(sc: Scale) -> dict:
     from ..indexes.pisa import PisaSearcher
 
     st = sc.settings
-    q = load_queries(sc)
-    D, doc_ids, _ = _sparse_docs(sc)
-    exact = _read_exact(sc, "sparse")
-    df = np.bincount(D.indices, minlength=D.shape[1])
+    q, D, doc_ids, exact, df = _sparse_job_inputs(sc)
     rows = Rows(sc, q, doc_ids, D.shape[0], exact)
     nw, k0 = len(sc.warm), min(sc.ks)
     metas = {}
@@ -590,10 +593,7 @@ def _parse_kv(s: str) -> dict:
 
 def job_seismic(sc: Scale) -> dict:
     st = sc.settings
-    q = load_queries(sc)
-    D, doc_ids, _ = _sparse_docs(sc)
-    exact = _read_exact(sc, "sparse")
-    df = np.bincount(D.indices, minlength=D.shape[1])
+    q, D, doc_ids, exact, df = _sparse_job_inputs(sc)
     ndocs = D.shape[0]
     del D
     gc.collect()
@@ -607,10 +607,7 @@ def job_seismic(sc: Scale) -> dict:
 
 def job_seismic_levers(sc: Scale) -> dict:
     st = sc.settings
-    q = load_queries(sc)
-    D, doc_ids, _ = _sparse_docs(sc)
-    exact = _read_exact(sc, "sparse")
-    df = np.bincount(D.indices, minlength=D.shape[1])
+    q, D, doc_ids, exact, df = _sparse_job_inputs(sc)
     ndocs = D.shape[0]
     del D
     gc.collect()
