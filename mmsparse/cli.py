@@ -29,7 +29,6 @@ app = typer.Typer(
 )
 
 
-
 def _show_version(value: bool) -> None:
     if value:
         from ._version import __version__

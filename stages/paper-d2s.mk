@@ -29,14 +29,7 @@ $(foreach e,$(ETAS),$(eval HEAD_FLAGS_d2s-eta$(e) = --epochs $$(EPOCHS) --batch-
 # each D2S head is compared with dense (one t-test per head: the Bonferroni factor)
 DENSE_COMPARISONS ?= $(words $(ETAS))
 
-include $(ROOT)/stages/common.mk
-include $(ROOT)/stages/encode-dense.mk
-include $(ROOT)/stages/train-head.mk
-include $(ROOT)/stages/sparsify.mk
-include $(ROOT)/stages/index.mk
-include $(ROOT)/stages/search.mk
-include $(ROOT)/stages/eval.mk
-include $(ROOT)/stages/inspect.mk
+include $(ROOT)/stages/pipeline.mk
 
 # test images shown by `inspect` (default: the first INSPECT_N images of the test qrels, read when
 # the qrels exist)

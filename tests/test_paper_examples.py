@@ -134,14 +134,21 @@ def _check_run(work: Path, out: str, n_test_images: int, n_test_captions: int, i
     assert "d2s-eta1e-3" in tail and "† p < 0.05 vs dense" in tail
 
 
-def test_flickr30k_albef_runs_on_a_karpathy_dataset(flickr8k_dir, dual_encoder_dir, tmp_path):
-    """dataset_flickr30k.json + flickr30k-images/ over 40/10/10 real Flickr8k images."""
+def _flickr30k_layout(flickr8k_dir: Path, tmp_path: Path) -> tuple[Path, dict]:
+    """dataset_flickr30k.json + flickr30k-images/ (links) over 40/10/10 real Flickr8k train/val/test
+    images in tmp_path/flickr30k: (that folder, the picked Karpathy image records per split)."""
     picked = _pick(flickr8k_dir, 40, 10, 10)
     data = tmp_path / "flickr30k"
     _link_images(flickr8k_dir / "images", data / "flickr30k-images",
                  [im["filename"] for ims in picked.values() for im in ims])
     (data / "dataset_flickr30k.json").write_text(json.dumps(
         {"dataset": "flickr30k", "images": [im for ims in picked.values() for im in ims]}))
+    return data, picked
+
+
+def test_flickr30k_albef_runs_on_a_karpathy_dataset(flickr8k_dir, dual_encoder_dir, tmp_path):
+    """dataset_flickr30k.json + flickr30k-images/ over 40/10/10 real Flickr8k images."""
+    data, picked = _flickr30k_layout(flickr8k_dir, tmp_path)
     work = tmp_path / "work"
     p = make("flickr30k-albef", f"DATA={data}", f"WORK={work}", "BACKBONE=hf-dual", f"MODEL={dual_encoder_dir}",
              *TINY)
@@ -185,12 +192,7 @@ def _faiss_gpus() -> int:
 def test_flickr30k_albef_on_cuda_with_bf16_encode(flickr8k_dir, dual_encoder_dir, tmp_path):
     """The examples' GPU defaults: encode-dense --device cuda (pinned batches, bf16 autocast) and
     train-head --device cuda, on the small Karpathy dataset."""
-    picked = _pick(flickr8k_dir, 40, 10, 10)
-    data = tmp_path / "flickr30k"
-    _link_images(flickr8k_dir / "images", data / "flickr30k-images",
-                 [im["filename"] for ims in picked.values() for im in ims])
-    (data / "dataset_flickr30k.json").write_text(json.dumps(
-        {"dataset": "flickr30k", "images": [im for ims in picked.values() for im in ims]}))
+    data, picked = _flickr30k_layout(flickr8k_dir, tmp_path)
     work = tmp_path / "work"
     tiny = [a for a in TINY if not a.startswith("DEVICE=")]
     p = make("flickr30k-albef", f"DATA={data}", f"WORK={work}", "BACKBONE=hf-dual", f"MODEL={dual_encoder_dir}",

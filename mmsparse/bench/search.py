@@ -591,14 +591,20 @@ def _parse_kv(s: str) -> dict:
     return out
 
 
-def job_seismic(sc: Scale) -> dict:
-    st = sc.settings
+def _seismic_job_inputs(sc: Scale):
+    """(queries, document frequencies, an empty Rows, the scale's Seismic build parameters); the
+    CSR documents are dropped before Seismic builds its own copy, to keep the peak RSS low."""
     q, D, doc_ids, exact, df = _sparse_job_inputs(sc)
     ndocs = D.shape[0]
     del D
     gc.collect()
-    rows = Rows(sc, q, doc_ids, ndocs, exact)
-    params = _parse_kv(st["seismic_build"].get(sc.label, st["seismic_build"]["*"]))
+    build = sc.settings["seismic_build"]
+    return q, df, Rows(sc, q, doc_ids, ndocs, exact), _parse_kv(build.get(sc.label, build["*"]))
+
+
+def job_seismic(sc: Scale) -> dict:
+    st = sc.settings
+    q, df, rows, params = _seismic_job_inputs(sc)
     d, meta, brss = _seismic_build(sc, params)
     grid = [(c, h, 0) for c in st["seismic_cuts"] for h in st["seismic_heaps"]]
     _seismic_rows(sc, rows, q, df, d, meta, brss, grid, [(c, h, 0) for c, h in st["seismic_at_k"]])
@@ -607,12 +613,7 @@ def job_seismic(sc: Scale) -> dict:
 
 def job_seismic_levers(sc: Scale) -> dict:
     st = sc.settings
-    q, D, doc_ids, exact, df = _sparse_job_inputs(sc)
-    ndocs = D.shape[0]
-    del D
-    gc.collect()
-    rows = Rows(sc, q, doc_ids, ndocs, exact)
-    base = _parse_kv(st["seismic_build"].get(sc.label, st["seismic_build"]["*"]))
+    q, df, rows, base = _seismic_job_inputs(sc)
     metas = {}
     for lever in st["seismic_levers"]:
         params = {**base, **_parse_kv(lever)}
