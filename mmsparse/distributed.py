@@ -418,6 +418,8 @@ def _encode_split(sd, out: Path, split: str, base: dict, common: dict, part_rows
         pds["captions"].finish()
     for kind, (recs, path, _, _) in files.items():
         rows = sum(e["rows"] for e in pds[kind].done.values())
+        if not encoded[kind] and Path(path).exists():
+            os.utime(path)  # checked and kept: up to date for Make (see api/encode.py)
         rate = (f", {encoded[kind] / seconds:.1f} {kind}/s (with the other kind in the same pool)"
                 if encoded[kind] and seconds > 0 else " (already encoded)")
         rep.log(f"{split} {kind}: {rows} rows -> {path}{rate}")

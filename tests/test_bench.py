@@ -5,6 +5,7 @@ end on a tiny workspace; plus the train-head benchmark rows."""
 from __future__ import annotations
 
 import json
+import os
 
 import h5py
 import numpy as np
@@ -15,7 +16,7 @@ from mmsparse.bench.collection import ViewMixture, collection_stats, unit
 from mmsparse.bench.search import _top, exact_sparse, overlap, prune_relative
 from mmsparse.bench.synthetic import synthesize
 from mmsparse.formats.dense import write_dense
-from mmsparse.formats.sparse import write_sparse
+from mmsparse.formats.sparse import read_sparse, write_sparse
 from mmsparse.metrics.efficiency import term_df
 
 V = 3000
@@ -409,6 +410,20 @@ def test_bench_harness_small(tmp_path):
     assert meta["jobs"]["flickr8k"]["exhaustive"]["stats"]["docs"] == 150
     assert (out / "frontier.png").stat().st_size > 0 and (out / "frontier-synthetic.png").stat().st_size > 0
     assert "| engine |" in (out / "search.md").read_text()
+    # the collection rewritten since (each document's weights on the next document's terms reversed
+    # in order: a different collection with the same ids) is indexed anew, not served by the old index
+    src = tmp_path / "sparse" / "d2s" / "test-images.h5"
+    old = read_sparse(src)
+    write_sparse(src, old.ids, old.matrix[::-1], old.vocab, old.attrs)
+    main(["--work", str(tmp_path), "--scales", "flickr8k", "--ks", "10", "--queries", "flickr8k:25",
+          "--warmup", "2", "--jobs", "exhaustive,pisa", "--pisa-algorithms", "block_max_wand", "--query-top-n", "5",
+          "--query-min-weight", "0.2", "--query-bits", "6", "--candidates", "20", "--build-threads", "1"])
+    rows = json.loads((out / "search.json").read_text())
+    again = {(r["scale"], r["engine"], r["mode"], r["k"]): r for r in rows}
+    assert again[("flickr8k", "pisa", "exp block_max_wand", 10)]["overlap@10"] >= 0.95
+    # rows of jobs measured on the old documents are left out of the table, not mixed in
+    assert not [key for key in again if key[0] == "flickr8k" and key[1] in ("seismic", "faiss-hnsw")]
+    assert again[("synthetic-300", "faiss-hnsw", "ef=16 [gaussian]", 10)]  # a scale not re-run keeps its rows
 
 
 def test_bench_milvus_job(tmp_path):
@@ -458,3 +473,28 @@ def test_train_bench_row(state):
         assert r["simulated"] and 0 < r["live_columns"] <= 60 and r["active_terms_per_row"] <= 60
     else:  # init: about half of the 300 outputs fire, far beyond the sparse state's 60
         assert not r["simulated"] and r["live_columns"] > 100
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="reads child pids from /proc (Linux)")
+def test_job_processes_end_with_the_benchmark(tmp_path):
+    """A benchmark killed by a signal leaves no job process running (it would skew later timings)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    parent = subprocess.Popen([sys.executable, "-c", "import time; from mmsparse.bench.search import in_child; "
+                               "in_child(time.sleep, 120)"])
+    kids: list[int] = []
+    for _ in range(100):  # wait for the spawned job process
+        time.sleep(0.2)
+        f = f"/proc/{parent.pid}/task/{parent.pid}/children"
+        kids = [int(x) for x in open(f).read().split()] if os.path.exists(f) else []
+        if kids:
+            break
+    assert kids, "no job process started"
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    time.sleep(3)
+    alive = [k for k in kids if os.path.exists(f"/proc/{k}") and "Z" not in open(f"/proc/{k}/stat").read().split()[2]]
+    assert not alive, f"job processes {alive} outlived the benchmark"

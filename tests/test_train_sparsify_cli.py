@@ -152,6 +152,12 @@ def test_ablation_table_and_plot(head_dir, dense_dir, tmp_path):
     assert r["query_mode"] == ("caption-terms" if r["expansion"] == "none" else "expand")
     assert r["FLOPs_caption-terms"] <= r["FLOPs_expand"]               # own terms are a subset
     assert r["query_terms_caption-terms"] <= r["query_terms_expand"]
+    # Exact@20: a caption-term query's top 20 are all its own terms, an expanded query's at most as many
+    assert 0 <= r["Exact@20_expand"] <= r["Exact@20_caption-terms"] <= 1
+    n = len(load_pairs(dense_dir / "val-images.h5", dense_dir / "val-captions.h5", dense_dir / "val.qrels").cap_ids)
+    assert r["SE_R@1"] == pytest.approx((r["R@1"] * (1 - r["R@1"]) / n) ** 0.5)   # binomial over the queries
+    assert 0 < r["SE_FLOPs"] < r["FLOPs"] and 0 < r["SE_Exact@20"] < 0.05
+    assert "±" in (out.with_suffix(".md")).read_text()
     assert (tmp_path / "ablation" / "fig.png").read_bytes()[:4] == b"\x89PNG"
     head = load_head(head_dir)
     data = load_pairs(dense_dir / "val-images.h5", dense_dir / "val-captions.h5", dense_dir / "val.qrels")

@@ -160,5 +160,9 @@ def encode_dense(annotations: str | Path, image_root: str | Path | None = None, 
 
 
 def _summary(rep: Reporter, split: str, what: str, r) -> None:
+    if not r.encoded and Path(r.path).is_file():
+        # kept as it was: mark it checked now, so Make (which reran us because the annotations are
+        # newer) sees it up to date instead of rerunning encode-dense and every later stage each time
+        os.utime(r.path)
     rate = f", {r.per_second:.1f} {what}/s" if r.encoded else "" if r.seconds else " (already encoded)"
     rep.log(f"{split} {what}: {r.rows} rows -> {r.path}{rate}")

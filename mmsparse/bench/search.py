@@ -295,8 +295,14 @@ class Rows:
         return row
 
 
+def collection_stamp(sc: Scale) -> list:
+    """The documents a scale's rows were measured on: _source_stamp of its sparse and dense files."""
+    return _source_stamp(*[x for x in (sc.sparse_docs, sc.dense_docs) if x is not None and Path(x).is_file()])
+
+
 def _save(sc: Scale, job: str, rows: list[dict], info: dict) -> dict:
-    info = {**info, "rss_mb": peak_rss_mb(), "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    info = {**info, "rss_mb": peak_rss_mb(), "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "collection": collection_stamp(sc)}
     for r in rows:
         r.setdefault("rss_mb", info["rss_mb"])
     sc.out.mkdir(parents=True, exist_ok=True)
@@ -380,20 +386,35 @@ def _pisa_build(sc: Scale, name: str, bits: int, block: int, encoding: str) -> t
     from ..indexes.pisa import build_pisa_index
 
     d = sc.out.parent / "index" / sc.label / name
-    if (d / "mmsparse.json").is_file() and sc.settings["reuse"]:
-        meta = json.loads((d / "mmsparse.json").read_text())
+    if (meta := _reusable(sc, d, sc.sparse_docs)) is not None:
         return d, meta, meta.get("bench_build_rss_mb")
     meta, rss = in_child(_build_and_rss, build_pisa_index, sc.sparse_docs, d,
                          dict(quant_bits=bits, block_size=block, index_encoding=encoding,
                               threads=sc.settings["build_threads"]))
-    _stamp_rss(d, rss)
+    _stamp_rss(d, rss, sc.sparse_docs)
     return d, meta, rss
 
 
-def _stamp_rss(d: Path, rss: float) -> None:
+def _source_stamp(*sources: Path) -> list:
+    """What identifies the files an index was built from: path, size and modification time."""
+    return [[str(Path(x).resolve()), Path(x).stat().st_size, Path(x).stat().st_mtime_ns] for x in sources]
+
+
+def _reusable(sc: Scale, d: Path, *sources: Path) -> dict | None:
+    """The meta of the index in d if --reuse is on and it was built from these very files (a
+    collection rebuilt since, e.g. after a top-up of views, must not be served by the old index)."""
+    f = d / "mmsparse.json"
+    if not (sc.settings["reuse"] and f.is_file()):
+        return None
+    meta = json.loads(f.read_text())
+    return meta if meta.get("bench_sources") == _source_stamp(*sources) else None
+
+
+def _stamp_rss(d: Path, rss: float, *sources: Path) -> None:
     f = d / "mmsparse.json"
     m = json.loads(f.read_text())
     m["bench_build_rss_mb"] = rss
+    m["bench_sources"] = _source_stamp(*sources)
     f.write_text(json.dumps(m, indent=2))
 
 
@@ -542,12 +563,11 @@ def _seismic_build(sc: Scale, params: dict) -> tuple[Path, dict, float | None]:
 
     name = "seismic-" + "-".join(f"{k}{v}" for k, v in sorted(params.items()))
     d = sc.out.parent / "index" / sc.label / name
-    if (d / "mmsparse.json").is_file() and sc.settings["reuse"]:
-        meta = json.loads((d / "mmsparse.json").read_text())
+    if (meta := _reusable(sc, d, sc.sparse_docs)) is not None:
         return d, meta, meta.get("bench_build_rss_mb")
     meta, rss = in_child(_build_and_rss, build_seismic_index, sc.sparse_docs, d,
                          dict(threads=sc.settings["build_threads"], **params))
-    _stamp_rss(d, rss)
+    _stamp_rss(d, rss, sc.sparse_docs)
     return d, meta, rss
 
 
@@ -621,7 +641,7 @@ def job_seismic_levers(sc: Scale) -> dict:
         metas[lever] = meta
         knn = int(params.get("knn", 0))
         grid = [(c, h, nk) for c in st["lever_seismic_cuts"] for h in st["seismic_heaps"]
-                for nk in ([0] + st["seismic_n_knn"] if knn else [0])]
+                for nk in [0] + [n for n in st["seismic_n_knn"] if n <= knn]]
         _seismic_rows(sc, rows, q, df, d, meta, brss, grid, [], label=f" [{lever}]")
     return _save(sc, "seismic-levers", rows.rows, {"indexes": metas})
 
@@ -630,12 +650,11 @@ def _faiss_build(sc: Scale, name: str, src: Path, **kw) -> tuple[Path, dict, flo
     from ..indexes.faiss_index import build_faiss_index
 
     d = sc.out.parent / "index" / sc.label / name
-    if (d / "mmsparse.json").is_file() and sc.settings["reuse"]:
-        meta = json.loads((d / "mmsparse.json").read_text())
+    if (meta := _reusable(sc, d, src)) is not None:
         return d, meta, meta.get("bench_build_rss_mb")
     meta, rss = in_child(_build_and_rss, build_faiss_index, src, d,
                          dict(threads=sc.settings["build_threads"], **kw))
-    _stamp_rss(d, rss)
+    _stamp_rss(d, rss, src)
     return d, meta, rss
 
 
@@ -740,11 +759,11 @@ def job_milvus(sc: Scale) -> dict:
     del D
     gc.collect()
     d = sc.out.parent / "index" / sc.label / f"milvus-hnsw{st['hnsw_m']}-efc{st['ef_construction']}"
-    if not ((d / "mmsparse.json").is_file() and st["reuse"]):
+    if _reusable(sc, d, sc.sparse_docs, sc.dense_docs) is None:
         meta, rss = in_child(_build_and_rss, build_milvus_index, sc.sparse_docs, d,
                              dict(dense=sc.dense_docs, hnsw=True, hnsw_m=st["hnsw_m"],
                                   ef_construction=st["ef_construction"]))
-        _stamp_rss(d, rss)
+        _stamp_rss(d, rss, sc.sparse_docs, sc.dense_docs)
     meta = json.loads((d / "mmsparse.json").read_text())
     brss = meta.get("bench_build_rss_mb")
     pos = {x: i for i, x in enumerate(doc_ids)}
@@ -783,12 +802,28 @@ SPARSE_JOBS = ("exhaustive", "pisa", "pisa-levers", "seismic", "seismic-levers")
 LEVER_JOBS = ("pisa-levers", "seismic-levers")
 
 
+def _exit_with_parent(parent: int) -> None:
+    """Pool initializer: end this process within a second of its parent's death. A benchmark
+    stopped by a signal would otherwise leave its job and build processes running, orphaned,
+    and their load would skew every later timing on the machine."""
+    import threading
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def in_child(fn, *args):
-    """Run fn(*args) in a fresh (spawned) process and return its result; errors propagate."""
+    """Run fn(*args) in a fresh (spawned) process and return its result; errors propagate. The
+    child (and, level by level, its own children) ends when this process dies."""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as ex:
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"), initializer=_exit_with_parent,
+                             initargs=(os.getpid(),)) as ex:
         return ex.submit(fn, *args).result()
 
 
@@ -971,9 +1006,9 @@ def frontier_plot(rows: list[dict], path: Path, k: int = 10) -> None:
 
     The x axis is the miss rate 1 - overlap@10 on a log scale, reversed (right = closer to the
     exact top-10; ticks labelled with overlap@10), so the region the goal is about (overlap 0.9 to
-    1) is wide instead of squeezed into the right edge. Each engine's line is its frontier (the
-    fastest configuration at that overlap or better). The two rows issue 17's goal compares are
-    named in boxes; the dashed line is 3 x the fastest HNSW p50 at overlap >= 0.95.
+    1) is wide instead of squeezed into the right edge. Each engine's line is its frontier, a
+    staircase (the fastest configuration at that overlap or better), over overlaps >= 0.4. The
+    two rows issue 17's goal compares are named in boxes; the dashed line is 3 x the fastest HNSW p50 at overlap >= 0.95.
     """
     import matplotlib
 
@@ -996,14 +1031,16 @@ def frontier_plot(rows: list[dict], path: Path, k: int = 10) -> None:
             h = ax.scatter(x, y, color=color, marker=marker, s=80 if ref else 30, alpha=0.8, label=eng,
                            zorder=5 if ref else 3, edgecolors="black" if ref else "none", linewidths=0.6)
             handles.setdefault(eng, h)
-            # the engine's frontier: fastest configuration at each overlap or better
+            # the engine's frontier: fastest configuration at each overlap or better, a staircase
+            # (the best p50 holds until a faster configuration's overlap is reached), drawn only over
+            # the overlaps the axis shows: rows clipped to the left edge keep their markers
             fx, fy, best = [], [], float("inf")
             for ov, ms in sorted(pts, key=lambda p: -p[0]):
-                if ms < best:
+                if ms < best and ov >= 1 - MISS_CEIL:
                     best = ms
                     fx.append(_miss(ov))
                     fy.append(ms)
-            ax.plot(fx, fy, color=color, lw=1.4, alpha=0.8, zorder=2)
+            ax.plot(fx, fy, color=color, lw=1.4, alpha=0.8, zorder=2, drawstyle="steps-post")
         hn = [r for r in sub if r["engine"] == "faiss-hnsw" and (r["overlap@10"] or 0) >= 0.95 and "[" not in r["mode"]]
         if hn:
             best = min(r["p50_ms"] for r in hn)
@@ -1020,7 +1057,7 @@ def frontier_plot(rows: list[dict], path: Path, k: int = 10) -> None:
                             (_miss(r["overlap@10"]), r["p50_ms"]), xytext=(0.02, ty), textcoords="axes fraction",
                             ha="left", va="top", fontsize=8,
                             bbox=dict(boxstyle="round,pad=0.25", fc="white", ec=color, alpha=0.95),
-                            arrowprops=dict(arrowstyle="-", color=color, lw=0.9), zorder=6)
+                            arrowprops=dict(arrowstyle="-", color=color, lw=0.8, ls=":"), zorder=6)
         ax.axvline(_miss(0.95), color="gray", ls=":", lw=1)
         ax.set_xscale("log")
         ax.set_xlim(MISS_CEIL * 1.2, MISS_FLOOR * 0.7)  # reversed: right = better
@@ -1096,7 +1133,7 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=50, help="untimed warm-up queries before every configuration")
     p.add_argument("--build-threads", type=int, default=2, help="threads of index builds")
     p.add_argument("--reuse", action=argparse.BooleanOptionalAction, default=True,
-                   help="reuse indexes already built under OUT/index with the same settings")
+                   help="reuse indexes already built under OUT/index with the same settings from the same collection file (path, size, modification time)")
     p.add_argument("--pisa-bits", type=int, default=8, help="PISA document quantisation bits (as `mmsparse index`)")
     p.add_argument("--pisa-block", type=int, default=64, help="PISA block-max block size (as `mmsparse index`)")
     p.add_argument("--pisa-algorithms", type=_strs, default=["block_max_wand", "block_max_maxscore", "maxscore",
@@ -1119,14 +1156,16 @@ def parse_args(argv=None):
                    default=_per_scale("1m:n_postings=20000;*:n_postings=4000"),
                    help="Seismic build parameters per scale (SCALE:k=v,...; separated by ';')")
     p.add_argument("--seismic-cuts", type=_ints, default=[3, 5, 10, 20, 40], help="Seismic query_cut values")
-    p.add_argument("--seismic-heaps", type=_floats, default=[0.6, 0.7, 0.8, 0.9, 1.0], help="Seismic heap_factor values")
+    p.add_argument("--seismic-heaps", type=_floats, default=[0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0],
+                   help="Seismic heap_factor values (finer where overlap@10 crosses 0.95)")
     p.add_argument("--seismic-at-k", type=_pairs, default=[(10, 0.8), (20, 0.8), (40, 0.9)],
                    help="query_cut:heap_factor pairs also run at the larger k")
     p.add_argument("--seismic-levers", type=lambda s: [x for x in s.split(";") if x],
-                   default=["n_postings=2000", "knn=10", "variant=dotvbyte", "knn=10,variant=dotvbyte"],
+                   default=["n_postings=2000", "knn=10", "knn=20", "variant=dotvbyte"],
                    help="extra Seismic builds, ';'-separated k=v,... overriding --seismic-build")
-    p.add_argument("--lever-seismic-cuts", type=_ints, default=[5, 10, 20], help="query_cut values of lever builds")
-    p.add_argument("--seismic-n-knn", type=_ints, default=[5, 10], help="n_knn values on a k-NN graph build")
+    p.add_argument("--lever-seismic-cuts", type=_ints, default=[5, 8, 10, 15, 20], help="query_cut values of lever builds")
+    p.add_argument("--seismic-n-knn", type=_ints, default=[5, 10, 20],
+                   help="n_knn values on a k-NN graph build (those <= the graph's knn)")
     p.add_argument("--hnsw-m", type=int, default=32, help="Faiss HNSW M (as `mmsparse index`)")
     p.add_argument("--ef-construction", type=int, default=200, help="Faiss HNSW efConstruction (as `mmsparse index`)")
     p.add_argument("--ef-search", type=_ints, default=[16, 32, 64, 128, 256, 512, 1024], help="HNSW efSearch values")
@@ -1174,8 +1213,20 @@ def scale_spec(label: str, args, nq_ids: int) -> Scale:
     raise InputError(f"--scales: {label!r} unknown; use flickr8k, 123k, 1m or synthetic-N")
 
 
-def collect(out: Path, scales: list[str]) -> tuple[list[dict], dict]:
-    """Rows and job infos of every scale directory (job order fixed)."""
+def _stale(d: dict, current: tuple[list, int | None]) -> bool:
+    """Whether a saved job (its rows and info) was measured on other documents than the scale's
+    current collection: another file stamp, or (jobs saved before stamps) another document count."""
+    stamp, ndocs = current
+    if "collection" in d["info"]:
+        return d["info"]["collection"] != stamp
+    return ndocs is not None and any(r.get("docs") not in (None, ndocs) for r in d["rows"])
+
+
+def collect(out: Path, scales: list[str], current: dict | None = None, log=print) -> tuple[list[dict], dict]:
+    """Rows and job infos of every scale directory (job order fixed). current: {scale: (collection
+    stamp, document count)} of the scales this run measured; their jobs saved from an earlier
+    version of the collection are left out (with a line saying so), since their rows would mix
+    two document sets in one table."""
     rows, infos = [], {}
     for s in scales:
         for job in JOBS:
@@ -1184,6 +1235,10 @@ def collect(out: Path, scales: list[str]) -> tuple[list[dict], dict]:
                 if not f.is_file() or any(f.stem == j or f.stem.startswith(j + "-") for j in longer):
                     continue
                 d = json.loads(f.read_text())
+                if current and s in current and _stale(d, current[s]):
+                    log(f"[{s}] {f.stem}: measured on an earlier version of the collection; left out "
+                        f"(re-run it with --jobs {job}{' --tag ' + f.stem[len(job) + 1:] if f.stem != job else ''})")
+                    continue
                 rows += d["rows"]
                 infos.setdefault(s, {})[f.stem] = d["info"]
     return rows, infos
@@ -1201,6 +1256,7 @@ def main(argv=None) -> None:
                                 "expanded sparse queries"), "r") as f:
         nq = int(f["ids"].shape[0])
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    current = {}
     for label in args.scales:
         sc = scale_spec(label, args, nq)
         for job in args.jobs:
@@ -1210,10 +1266,13 @@ def main(argv=None) -> None:
             t0 = time.time()
             in_child(_one_thread_job, job, sc)
             print(f"[{label}] {job}: {time.time() - t0:.0f} s", flush=True)
+        if sc.sparse_docs is not None and Path(sc.sparse_docs).is_file():
+            with h5py.File(sc.sparse_docs, "r") as f:
+                current[label] = (collection_stamp(sc), int(f["ids"].shape[0]))
     args.out.mkdir(parents=True, exist_ok=True)
     others = sorted(p.name for p in args.out.iterdir() if p.is_dir() and p.name.startswith("synthetic-"))
     all_scales = [s for s in dict.fromkeys(list(REAL_SCALES) + args.scales + others) if (args.out / s).is_dir()]
-    rows, infos = collect(args.out, all_scales)
+    rows, infos = collect(args.out, all_scales, current)
     meta = {"machine": machine(), "last_run_started": started,
             "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},

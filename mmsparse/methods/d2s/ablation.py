@@ -6,7 +6,9 @@
 Each head is scored exhaustively (every caption against every image, sparse dot products) — the
 same ranking a rank-safe PISA query gives — so 16 heads take a minute. A row: head, expansion,
 eta, query_mode, R@1, R@5, R@10, RR@10 (MRR@10), FLOPs (eq. 1), query_terms and doc_terms (mean
-non-zeros per caption / image), best_epoch, train_seconds, and the same measures for both query
+non-zeros per caption / image), Exact@20 (eq. 2: share of a query's 20 heaviest terms that are
+its caption's own word pieces), their standard errors over the queries (`SE_R@1`, `SE_FLOPs`,
+`SE_Exact@20`, ...), best_epoch, train_seconds, and the same measures for both query
 modes as `R@1_expand`, `FLOPs_caption-terms`, ... The headline query mode follows training, as
 in the paper's Table 3: a head trained with expansion `none` never learned to expand captions,
 so its queries are the caption's own terms (`caption-terms`); every other head's queries are the
@@ -27,24 +29,45 @@ def evaluate_heads(head_dirs: list[Path], images: Path, captions: Path, qrels: P
     captions with images when the captions file has no image_ids. Raises InputError on bad inputs."""
     from ..head import load_head, require_tokenizer
     from ..pairs import load_pairs
-    from .method import evaluate_head
+
+    import numpy as np
+
+    from ...metrics.exhaustive import sparse_retrieval_metrics
+    from ...metrics.semantics import caption_term_ids, exact_semantic_at_k, resolve_tokenizer, tokenize_captions
+    from .method import encode_sparse
 
     data = load_pairs(images, captions, qrels)
+    n = len(data.cap_ids)
     rows = []
     for h in head_dirs:
         head = load_head(h)
+        head.eval()
         tr = head.config.get("training", {})
         cfg = tr.get("config", {})
         exp = cfg.get("expansion")
         row = {"head": Path(h).name, "expansion": exp, "eta": cfg.get("eta"),
                "query_mode": "caption-terms" if exp == "none" else "expand"}
+        tok = Path(h) / "tokenizer"
+        pieces = tokenize_captions(data.texts, tok if (tok / "tokenizer.json").is_file()
+                                   else resolve_tokenizer(None, data.attrs_cap))
+        own = caption_term_ids(pieces, head.vocab)
+        d = encode_sparse(head, data.z_img, side="image")
+        df = np.asarray((d > 0).sum(axis=0)).ravel() / max(d.shape[0], 1)  # share of images holding term t
         for mode in ("expand", "caption-terms"):
             if mode == "caption-terms":
                 data.tokenize(require_tokenizer(head, h))
                 data.set_columns(head.token_ids.numpy())
-            m = evaluate_head(head, data, query_mode=mode)
+            q = encode_sparse(head, data.z_cap, keep=data.tok if mode == "caption-terms" else None, side="text")
+            m = sparse_retrieval_metrics(q, d, data.cap_img.cpu().numpy())
+            flops_q = (q > 0).astype(np.float64) @ df  # eq. 1 per query: its expected shared terms
+            exact, _ = exact_semantic_at_k(q, own, 20)
             vals = {"R@1": m["R@1"], "R@5": m["R@5"], "R@10": m["R@10"], "RR@10": m["MRR@10"],
-                    "FLOPs": m["FLOPs"], "query_terms": m["q_nnz"], "doc_terms": m["d_nnz"]}
+                    "FLOPs": m["FLOPs"], "query_terms": m["q_nnz"], "doc_terms": m["d_nnz"],
+                    "Exact@20": float(exact.mean())}
+            # standard errors over the n queries: binomial for R@k, sample s.d. / sqrt(n) otherwise
+            vals.update({f"SE_{k}": float(np.sqrt(vals[k] * (1 - vals[k]) / n)) for k in ("R@1", "R@5", "R@10")})
+            vals["SE_FLOPs"] = float(flops_q.std(ddof=1) / np.sqrt(n)) if n > 1 else 0.0
+            vals["SE_Exact@20"] = float(exact.std(ddof=1) / np.sqrt(n)) if n > 1 else 0.0
             if mode == row["query_mode"]:
                 row.update(vals)
             row.update({f"{k}_{mode}": x for k, x in vals.items() if k != "doc_terms"})
@@ -78,11 +101,18 @@ def plot_ablation(rows: list[dict], path: Path, measure: str = "R@1") -> None:
 
 
 def markdown(rows: list[dict]) -> str:
-    head = ("| expansion | η | queries | R@1 | R@5 | RR@10 | FLOPs | query terms | doc terms |\n"
-            "|---|---:|---|---:|---:|---:|---:|---:|---:|\n")
+    """The table of the rows: R@k, RR@10 and Exact@20 x100, FLOPs as is, each ± its standard error
+    where the row has one."""
+    def pm(r, k, scale=100.0, nd=2):
+        se = r.get(f"SE_{k}")
+        return f"{scale * r[k]:.{nd}f}" + (f" ± {scale * se:.{nd}f}" if se is not None else "")
+
+    head = ("| expansion | η | queries | R@1 | R@5 | RR@10 | FLOPs | Exact@20 | query terms | doc terms |\n"
+            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|\n")
     return head + "".join(
-        f"| {r['expansion']} | {r['eta']:g} | {r['query_mode']} | {100 * r['R@1']:.2f} | {100 * r['R@5']:.2f} | {100 * r['RR@10']:.2f} "
-        f"| {r['FLOPs']:.2f} | {r['query_terms']:.1f} | {r['doc_terms']:.1f} |\n" for r in rows)
+        f"| {r['expansion']} | {r['eta']:g} | {r['query_mode']} | {pm(r, 'R@1')} | {pm(r, 'R@5')} | {100 * r['RR@10']:.2f} "
+        f"| {pm(r, 'FLOPs', 1.0)} | {pm(r, 'Exact@20', 100.0, 1) if 'Exact@20' in r else '–'} "
+        f"| {r['query_terms']:.1f} | {r['doc_terms']:.1f} |\n" for r in rows)
 
 
 def main(argv: list[str] | None = None) -> int:
