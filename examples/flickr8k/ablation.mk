@@ -20,7 +20,9 @@ abl_mode = $(patsubst abl-%,%,$(word 1,$(subst _, ,$(1))))
 $(foreach h,$(ABL_HEADS),$(eval HEAD_FLAGS_$(h) = --expansion $(call abl_mode,$(h)) --eta $(call abl_eta,$(h)) $(ABL_FLAGS)))
 
 .PHONY: ablation
-ablation: $(WORK)/ablation/table.json
+# the heads are named here too: Make treats pattern-built files that only a file target needs as
+# intermediate, and would skip heads added to the grid once a table exists
+ablation: $(foreach h,$(ABL_HEADS),$(WORK)/heads/$(h)/config.json) $(WORK)/ablation/table.json
 
 $(WORK)/ablation/table.json: $(foreach h,$(ABL_HEADS),$(WORK)/heads/$(h)/config.json) \
                              $(DENSE_DIR)/$(EVAL_SPLIT)-images.h5 $(DENSE_DIR)/$(EVAL_SPLIT)-captions.h5
