@@ -105,7 +105,7 @@ def unit(x: np.ndarray) -> np.ndarray:
     return (x / np.where(nrm > 0, nrm, 1)).astype(np.float32)
 
 
-def _sqrt_psd(cov: np.ndarray) -> np.ndarray:
+def sqrt_psd(cov: np.ndarray) -> np.ndarray:
     """L with L @ L.T = cov for a symmetric PSD matrix (eigenvalues clipped at 0), float32."""
     w, v = np.linalg.eigh(cov.astype(np.float64))
     return (v * np.sqrt(np.clip(w, 0, None))).astype(np.float32)
@@ -159,7 +159,7 @@ class ViewMixture:
             s_c = np.cov(r, rowvar=False)
         else:
             m_c, s_c = np.zeros(d), s_single
-        return cls(means.astype(np.float32), imgs, _sqrt_psd(s_single), m_c.astype(np.float32), _sqrt_psd(s_c),
+        return cls(means.astype(np.float32), imgs, sqrt_psd(s_single), m_c.astype(np.float32), sqrt_psd(s_c),
                    float((~single).mean()))
 
     def sample(self, n: int, seed: int = 0, chunk: int = 65536):

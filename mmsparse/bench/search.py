@@ -385,37 +385,32 @@ def _pisa_build(sc: Scale, name: str, bits: int, block: int, encoding: str) -> t
     """Build (or reuse) a PISA index in a child process; returns (dir, meta, build peak RSS MB)."""
     from ..indexes.pisa import build_pisa_index
 
-    d = sc.out.parent / "index" / sc.label / name
-    if (meta := _reusable(sc, d, sc.sparse_docs)) is not None:
-        return d, meta, meta.get("bench_build_rss_mb")
-    meta, rss = in_child(_build_and_rss, build_pisa_index, sc.sparse_docs, d,
+    return _cached_index(sc, name, build_pisa_index, [sc.sparse_docs],
                          dict(quant_bits=bits, block_size=block, index_encoding=encoding,
                               threads=sc.settings["build_threads"]))
-    _stamp_rss(d, rss, sc.sparse_docs)
-    return d, meta, rss
 
 
 def _source_stamp(*sources: Path) -> list:
     """What identifies the files an index was built from: path, size and modification time."""
-    return [[str(Path(x).resolve()), Path(x).stat().st_size, Path(x).stat().st_mtime_ns] for x in sources]
+    return [[str(Path(x).resolve()), st.st_size, st.st_mtime_ns] for x in sources for st in [Path(x).stat()]]
 
 
-def _reusable(sc: Scale, d: Path, *sources: Path) -> dict | None:
-    """The meta of the index in d if --reuse is on and it was built from these very files (a
-    collection rebuilt since, e.g. after a top-up of views, must not be served by the old index)."""
+def _cached_index(sc: Scale, name: str, build, sources: list[Path], kwargs: dict) -> tuple[Path, dict, float | None]:
+    """The index `name` of this scale built by build(sources[0], dir, **kwargs) in a child process, or the one already there when --reuse is on and it was built
+    from these very source files (a collection rebuilt since, e.g. after a top-up of views, must
+    not be served by the old index). Returns (dir, meta, build peak RSS MB)."""
+    d = sc.out.parent / "index" / sc.label / name
     f = d / "mmsparse.json"
-    if not (sc.settings["reuse"] and f.is_file()):
-        return None
-    meta = json.loads(f.read_text())
-    return meta if meta.get("bench_sources") == _source_stamp(*sources) else None
-
-
-def _stamp_rss(d: Path, rss: float, *sources: Path) -> None:
-    f = d / "mmsparse.json"
+    if sc.settings["reuse"] and f.is_file():
+        meta = json.loads(f.read_text())
+        if meta.get("bench_sources") == _source_stamp(*sources):
+            return d, meta, meta.get("bench_build_rss_mb")
+    meta, rss = in_child(_build_and_rss, build, sources[0], d, kwargs)
     m = json.loads(f.read_text())
     m["bench_build_rss_mb"] = rss
     m["bench_sources"] = _source_stamp(*sources)
     f.write_text(json.dumps(m, indent=2))
+    return d, meta, rss
 
 
 def _build_and_rss(fn, src, dst, kwargs):
@@ -562,13 +557,8 @@ def _seismic_build(sc: Scale, params: dict) -> tuple[Path, dict, float | None]:
     from ..indexes.seismic import build_seismic_index
 
     name = "seismic-" + "-".join(f"{k}{v}" for k, v in sorted(params.items()))
-    d = sc.out.parent / "index" / sc.label / name
-    if (meta := _reusable(sc, d, sc.sparse_docs)) is not None:
-        return d, meta, meta.get("bench_build_rss_mb")
-    meta, rss = in_child(_build_and_rss, build_seismic_index, sc.sparse_docs, d,
+    return _cached_index(sc, name, build_seismic_index, [sc.sparse_docs],
                          dict(threads=sc.settings["build_threads"], **params))
-    _stamp_rss(d, rss, sc.sparse_docs)
-    return d, meta, rss
 
 
 def _seismic_rows(sc, rows, q, df, d, meta, brss, grid, at_k, label=""):
@@ -649,13 +639,7 @@ def job_seismic_levers(sc: Scale) -> dict:
 def _faiss_build(sc: Scale, name: str, src: Path, **kw) -> tuple[Path, dict, float | None]:
     from ..indexes.faiss_index import build_faiss_index
 
-    d = sc.out.parent / "index" / sc.label / name
-    if (meta := _reusable(sc, d, src)) is not None:
-        return d, meta, meta.get("bench_build_rss_mb")
-    meta, rss = in_child(_build_and_rss, build_faiss_index, src, d,
-                         dict(threads=sc.settings["build_threads"], **kw))
-    _stamp_rss(d, rss, src)
-    return d, meta, rss
+    return _cached_index(sc, name, build_faiss_index, [src], dict(threads=sc.settings["build_threads"], **kw))
 
 
 def _dense_ids(path: Path) -> list[str]:
@@ -758,14 +742,10 @@ def job_milvus(sc: Scale) -> dict:
     ndocs = D.shape[0]
     del D
     gc.collect()
-    d = sc.out.parent / "index" / sc.label / f"milvus-hnsw{st['hnsw_m']}-efc{st['ef_construction']}"
-    if _reusable(sc, d, sc.sparse_docs, sc.dense_docs) is None:
-        meta, rss = in_child(_build_and_rss, build_milvus_index, sc.sparse_docs, d,
-                             dict(dense=sc.dense_docs, hnsw=True, hnsw_m=st["hnsw_m"],
-                                  ef_construction=st["ef_construction"]))
-        _stamp_rss(d, rss, sc.sparse_docs, sc.dense_docs)
-    meta = json.loads((d / "mmsparse.json").read_text())
-    brss = meta.get("bench_build_rss_mb")
+    d, meta, brss = _cached_index(sc, f"milvus-hnsw{st['hnsw_m']}-efc{st['ef_construction']}", build_milvus_index,
+                                  [sc.sparse_docs, sc.dense_docs],
+                                  dict(dense=sc.dense_docs, hnsw=True, hnsw_m=st["hnsw_m"],
+                                       ef_construction=st["ef_construction"]))
     pos = {x: i for i, x in enumerate(doc_ids)}
     dense_ids = _dense_ids(sc.dense_docs)
     if dense_ids != doc_ids:
@@ -863,6 +843,7 @@ def write_synthetic_dense(fit_files: list[Path], n: int, out: Path, kind: str, s
     """n synthetic dense documents in out/dense-KIND.h5 (kept): `random` uniform unit vectors, or
     `gaussian` x ~ N(mu, Sigma) fitted to the real image vectors, L2-normalised."""
     from ..formats.dense import DenseWriter, read_dense
+    from .collection import sqrt_psd, unit
     from .synthetic import random_unit
 
     out.mkdir(parents=True, exist_ok=True)
@@ -875,15 +856,12 @@ def write_synthetic_dense(fit_files: list[Path], n: int, out: Path, kind: str, s
     if kind == "random":
         chunks = random_unit(n, dim, seed=seed + 1)
     else:
-        mu, cov = x.mean(axis=0), np.cov(x, rowvar=False)
-        w, v = np.linalg.eigh(cov)
-        root = (v * np.sqrt(np.clip(w, 0, None))).astype(np.float32)
+        mu, root = x.mean(axis=0).astype(np.float32), sqrt_psd(np.cov(x, rowvar=False))
         rng = np.random.default_rng(seed + 2)
 
         def gen(chunk=65536):
             for s in range(0, n, chunk):
-                z = rng.standard_normal((min(chunk, n - s), dim), dtype=np.float32) @ root.T + mu.astype(np.float32)
-                yield z / np.linalg.norm(z, axis=1, keepdims=True)
+                yield unit(rng.standard_normal((min(chunk, n - s), dim), dtype=np.float32) @ root.T + mu)
         chunks = gen()
     with DenseWriter(dfile, dim, {"modality": "image", "backbone": first.attrs["backbone"],
                                   "model": f"synthetic-{kind}", "dataset": f"synthetic-{n}", "split": "synthetic",

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -136,6 +135,7 @@ def measure(name: str, shape: dict, state: str, steps: int, warmup: int, active:
     from ..methods.d2s.config import D2SConfig
     from ..methods.d2s.method import D2S
     from ..trainer import make_optimizer
+    from .search import peak_rss_mb
 
     simulated = state == "sparse-simulated"
     cfg = D2SConfig(batch_size=shape["batch"])
@@ -215,7 +215,7 @@ def measure(name: str, shape: dict, state: str, steps: int, warmup: int, active:
             "statistic": f"median of {n_timed} steps after {warmup} untimed",
             "pairs_per_s": round(B / step_s, 1), "bare_projection_s": round(bare_s, 6),
             "bare_pairs_per_s": round(B / bare_s, 1), "step_over_bare": round(step_s / bare_s, 3),
-            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+            "peak_rss_mb": peak_rss_mb()}
 
 
 def markdown(rows: list[dict]) -> str:

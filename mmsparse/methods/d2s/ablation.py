@@ -27,14 +27,13 @@ from ...atomic import atomic_path
 def evaluate_heads(head_dirs: list[Path], images: Path, captions: Path, qrels: Path | None = None) -> list[dict]:
     """One row per head (see the module doc); heads must share the dense files' dimension. qrels pairs
     captions with images when the captions file has no image_ids. Raises InputError on bad inputs."""
-    from ..head import load_head, require_tokenizer
-    from ..pairs import load_pairs
-
     import numpy as np
 
     from ...metrics.exhaustive import sparse_retrieval_metrics
-    from ...metrics.semantics import caption_term_ids, exact_semantic_at_k, resolve_tokenizer, tokenize_captions
-    from .method import encode_sparse
+    from ...metrics.semantics import exact_semantic_at_k
+    from ..head import load_head, require_tokenizer
+    from ..pairs import load_pairs
+    from .method import encode_queries, encode_sparse
 
     data = load_pairs(images, captions, qrels)
     n = len(data.cap_ids)
@@ -47,20 +46,16 @@ def evaluate_heads(head_dirs: list[Path], images: Path, captions: Path, qrels: P
         exp = cfg.get("expansion")
         row = {"head": Path(h).name, "expansion": exp, "eta": cfg.get("eta"),
                "query_mode": "caption-terms" if exp == "none" else "expand"}
-        tok = Path(h) / "tokenizer"
-        pieces = tokenize_captions(data.texts, tok if (tok / "tokenizer.json").is_file()
-                                   else resolve_tokenizer(None, data.attrs_cap))
-        own = caption_term_ids(pieces, head.vocab)
+        # each caption's own terms in this head's columns: the caption-term queries' mask, and x_C of Exact@20
+        data.tokenize(require_tokenizer(head, h))
+        data.set_columns(head.token_ids.numpy())
         d = encode_sparse(head, data.z_img, side="image")
         df = np.asarray((d > 0).sum(axis=0)).ravel() / max(d.shape[0], 1)  # share of images holding term t
         for mode in ("expand", "caption-terms"):
-            if mode == "caption-terms":
-                data.tokenize(require_tokenizer(head, h))
-                data.set_columns(head.token_ids.numpy())
-            q = encode_sparse(head, data.z_cap, keep=data.tok if mode == "caption-terms" else None, side="text")
+            q = encode_queries(head, data, mode)
             m = sparse_retrieval_metrics(q, d, data.cap_img.cpu().numpy())
             flops_q = (q > 0).astype(np.float64) @ df  # eq. 1 per query: its expected shared terms
-            exact, _ = exact_semantic_at_k(q, own, 20)
+            exact, _ = exact_semantic_at_k(q, data.token_ids, 20)
             vals = {"R@1": m["R@1"], "R@5": m["R@5"], "R@10": m["R@10"], "RR@10": m["MRR@10"],
                     "FLOPs": m["FLOPs"], "query_terms": m["q_nnz"], "doc_terms": m["d_nnz"],
                     "Exact@20": float(exact.mean())}

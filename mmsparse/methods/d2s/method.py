@@ -49,14 +49,19 @@ def encode_sparse(head, z: torch.Tensor | np.ndarray, batch: int = 1024, keep: t
     return sp.vstack(parts, format="csr") if parts else sp.csr_matrix((0, v), dtype=np.float32)
 
 
+def encode_queries(head, data: PairData, query_mode: str = "expand") -> sp.csr_matrix:
+    """The captions of `data` as queries, CSR [N, |V|] float32: the head's whole output (expand)
+    or only each caption's own terms (caption-terms; needs data.tok)."""
+    return encode_sparse(head, data.z_cap, keep=data.tok if query_mode == "caption-terms" else None, side="text")
+
+
 def evaluate_head(head, data: PairData, query_mode: str = "expand") -> dict:
     """Caption->image retrieval on a whole split, sparse dot products of every pair: R@1/5/10,
     MRR@10, FLOPs (eq. 1), q_nnz / d_nnz. query_mode caption-terms keeps only each caption's own
     terms (needs data.tok)."""
     head.eval()
     d = encode_sparse(head, data.z_img, side="image")
-    q = encode_sparse(head, data.z_cap, keep=data.tok if query_mode == "caption-terms" else None, side="text")
-    return sparse_retrieval_metrics(q, d, data.cap_img.cpu().numpy())
+    return sparse_retrieval_metrics(encode_queries(head, data, query_mode), d, data.cap_img.cpu().numpy())
 
 
 class D2S(Method):
