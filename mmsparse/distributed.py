@@ -419,7 +419,7 @@ def _encode_split(sd, out: Path, split: str, base: dict, common: dict, part_rows
     for kind, (recs, path, _, _) in files.items():
         rows = sum(e["rows"] for e in pds[kind].done.values())
         if not encoded[kind] and Path(path).exists():
-            os.utime(path)  # checked and kept: up to date for Make (see api/encode.py)
+            os.utime(path)  # checked and kept: up to date for Make (see api/encoding.py)
         rate = (f", {encoded[kind] / seconds:.1f} {kind}/s (with the other kind in the same pool)"
                 if encoded[kind] and seconds > 0 else " (already encoded)")
         rep.log(f"{split} {kind}: {rows} rows -> {path}{rate}")
@@ -454,7 +454,7 @@ def encode_splits(todo: dict, *, out: Path, backbone: str, model: str, dataset: 
     """`encode_dense(..., ray=ADDRESS)`: per split S, OUT/S-images.h5 and OUT/S-captions.h5 as
     sharded dense directories (formats/sharded.py) and OUT/S.qrels, through one Ray Data actor
     pool per split of `workers` backbone replicas (`num_gpus_per_worker` GPUs, `cpus_per_worker`
-    CPUs and torch threads each). todo: {split: SplitData} as mmsparse.api.encode prepared it
+    CPUs and torch threads each). todo: {split: SplitData} as mmsparse.api.encoding prepared it
     (limits applied, empty captions dropped). part_rows: records per part (default 1024 images,
     4096 captions). Rows equal the single-process files' (vectors within float tolerance: other
     batches); an unreadable image is left out with its captions, as there.

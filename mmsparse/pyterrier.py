@@ -17,7 +17,7 @@ retriever quantises them). DenseQueryEncoder: `query` -> `query_vec` (np.ndarray
 Retrievers return qid, query, docno (the image id), score, rank: the results `mmsparse search`
 writes for the same queries and index.
 
-Encoding is mmsparse.api.query.QueryEncoder's (the backbone exactly as encode-dense runs it,
+Encoding is mmsparse.api.querying.QueryEncoder's (the backbone exactly as encode-dense runs it,
 then mmsparse.sparsify with the head), so `SparseQueryEncoder(idx) >> retriever(idx)` ranks as
 `encode-dense` + `sparsify` + `search` do: same vectors, same sparse rows, same PISA call.
 
@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 import pyterrier as pt
 
-from .api.query import QueryEncoder, index_route
+from .api.querying import QueryEncoder, index_route
 from .errors import InputError
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import mmsparse
-from mmsparse.api.query import QueryEncoder, QueryEngine, resolve_origin
+from mmsparse.api.querying import QueryEncoder, QueryEngine, resolve_origin
 from mmsparse.errors import InputError
 from mmsparse.formats import read_run
 from mmsparse.formats.sparse import read_sparse

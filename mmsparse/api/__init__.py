@@ -10,6 +10,12 @@ the same name (dashes -> underscores). Long calls take `progress=` (mmsparse.pro
 No function here prints, parses a command line or exits; errors are `mmsparse.errors.InputError`.
 Each stage lives in its own module; this package imports them only when a name is first used,
 so `import mmsparse` stays light.
+
+The stage modules are named for the stage's activity, as nouns: encoding, training,
+sparsification, indexing, retrieval (search), evaluation, inspection, querying. The functions
+keep the verbs. A module is never named after a function it defines: importing a submodule sets
+it as an attribute of its package, so a module `api/search.py` would turn `mmsparse.api.search`
+from the function into the module as soon as anything imported it. One name, one thing.
 """
 
 from __future__ import annotations
@@ -18,17 +24,17 @@ import importlib
 
 # public name -> module of mmsparse.api that defines it
 _WHERE = {
-    "encode_dense": "encode",
-    "train_head": "train",
-    "load_head": "train",
-    "sparsify": "sparsify",
-    "build_index": "index",
-    "search": "search",
-    "evaluate": "evaluate",
-    "evaluate_table": "evaluate",
-    "inspect_terms": "inspect",
-    "inspect_provenance": "inspect",
-    "query": "query",
+    "encode_dense": "encoding",
+    "train_head": "training",
+    "load_head": "training",
+    "sparsify": "sparsification",
+    "build_index": "indexing",
+    "search": "retrieval",
+    "evaluate": "evaluation",
+    "evaluate_table": "evaluation",
+    "inspect_terms": "inspection",
+    "inspect_provenance": "inspection",
+    "query": "querying",
 }
 
 __all__ = sorted(_WHERE)

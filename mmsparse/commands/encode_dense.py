@@ -2,7 +2,7 @@
 
 Writes per split: OUT/{split}-images.h5 and OUT/{split}-captions.h5 (dense HDF5, see
 mmsparse/formats/dense.py; extra datasets in mmsparse/backbones/encode.py) and OUT/{split}.qrels
-(caption id -> the image it describes, relevance 1). A thin layer over mmsparse.api.encode_dense.
+(caption id -> the image it describes, relevance 1). A thin layer over mmsparse.api.encoding.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import List, Optional
 
 import typer
 
-from ..api.encode import default_workers
+from ..api.encoding import default_workers
 
 INPUT = "Input"
 SPEED = "Speed"
@@ -98,7 +98,7 @@ def main(
                                             "[default: 1024 images, 4096 captions].", rich_help_panel=RAY),
 ) -> None:
     """Encode images and captions with a frozen dual encoder into dense HDF5 files + qrels."""
-    from ..api.encode import encode_dense
+    from ..api.encoding import encode_dense
     from ..cli_ui import RichReporter
 
     encode_dense(annotations, image_root, out=out, backbone=backbone, model=model, split=split,

@@ -1,7 +1,7 @@
 """`mmsparse eval`: effectiveness (ir-measures), FLOPs and sparsity, semantic deviation and
 image-side faithfulness, faithfulness to and significance against a dense run, as one flat JSON;
 and `--table`, which prints the results of several evaluations as one table (D2S Tables 1, 3 and
-5 combined). The work is done by mmsparse.api.evaluate; this module parses and prints."""
+5 combined). The work is done by mmsparse.api.evaluation; this module parses and prints."""
 
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def main(
     Exact@K / doc_Exact@k; or, with --table, print several evaluations as one table.
 
     Every qrels query is evaluated; one the run lacks scores 0. Measure values are fractions in
-    [0, 1] (the table shows them x100). JSON keys: see mmsparse.api.evaluate.evaluate and
+    [0, 1] (the table shows them x100). JSON keys: see mmsparse.api.evaluation.evaluate and
     docs/formats.md. P-values are stored raw and Bonferroni-corrected; the factor used and why
     are recorded (n_comparisons, bonferroni).
 
@@ -105,7 +105,7 @@ def main(
     evaluation with --dense-run) gives p < --alpha after Bonferroni over the rows tested against
     dense (or --n-comparisons), as in D2S Table 1.
     """
-    from ..api.evaluate import evaluate, evaluate_table
+    from ..api.evaluation import evaluate, evaluate_table
     from ..cli_ui import RichReporter
 
     files = list(files or [])

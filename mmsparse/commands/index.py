@@ -78,7 +78,7 @@ def main(
     number of documents, quantisation scale, settings, build time). The directory appears only
     when the build succeeds; a Milvus rebuild builds a new collection, then swaps the alias.
     """
-    from ..api.index import build_index
+    from ..api.indexing import build_index
     from ..cli_ui import RichReporter
 
     build_index(input, out=out, engine=engine, threads=threads, quant_bits=quant_bits, index_encoding=index_encoding,

@@ -1,6 +1,6 @@
 """`mmsparse inspect`: look inside a sparse file — top terms per id, why a doc matches a query,
 term statistics of an index, image-side faithfulness, an HTML report with images and word
-clouds, and the provenance of any output. The work is done by mmsparse.api.inspect; this module
+clouds, and the provenance of any output. The work is done by mmsparse.api.inspection; this module
 parses and prints.
 
 Word pieces: a WordPiece continuation such as '##oot' is shown as '-oot' (glued to the previous
@@ -65,7 +65,7 @@ def main(
 ) -> None:
     """Show top-k terms of rows of a sparse file, explain a query-doc score, summarise terms, or
     measure how well image terms match their captions."""
-    from ..api.inspect import inspect_provenance, inspect_terms
+    from ..api.inspection import inspect_provenance, inspect_terms
     from ..cli_ui import RichReporter
 
     if provenance:

@@ -1,6 +1,6 @@
 """`mmsparse query`: type a query, see the images. The text (or an image) is encoded with the
 backbone and head the index was built from and searched; the work is done by
-mmsparse.api.query; this module parses and prints.
+mmsparse.api.querying; this module parses and prints.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def main(
     head on a shared 2-core CPU, no GPU), then about 0.3 s per text query; for many queries
     use one call (QUERIES, --file or stdin) or `mmsparse serve`.
     """
-    from ..api.query import query
+    from ..api.querying import query
     from ..cli_ui import RichReporter
     from ..errors import InputError
 

@@ -87,7 +87,7 @@ def main(
     by the scales) or dense <q, d>; Milvus hybrid: the fused score. Queries with empty sparse
     vectors get no results and are counted in the summary.
     """
-    from ..api.search import search
+    from ..api.retrieval import search
     from ..cli_ui import RichReporter
 
     search(index_dir, queries, out=out, k=k, threads=threads, batch_size=batch_size, tag=tag, mode=mode,

@@ -1,4 +1,4 @@
-"""`mmsparse sparsify`: dense HDF5 -> sparse HDF5 through a trained head (mmsparse.api.sparsify).
+"""`mmsparse sparsify`: dense HDF5 -> sparse HDF5 through a trained head (mmsparse.api.sparsification).
 
 The head's method decides how rows become terms; each method's own options (its config's
 `sparsify_options`) appear in their own --help panel.
@@ -69,8 +69,8 @@ def _build():
 
     def main(**kw) -> None:
         """Project dense vectors onto the head's vocabulary and write them as a sparse HDF5 file."""
-        from ..api.sparsify import sparsify   # the function: once mmsparse.api.sparsify (the module) is
-        from ..cli_ui import RichReporter     # imported, `api.sparsify` names the module, not the function
+        from ..api.sparsification import sparsify
+        from ..cli_ui import RichReporter
 
         args = {n: kw.pop(n) for n, _, _ in base}
         sparsify(args["head_dir"], args["dense"], out=args["out"], query_mode=args["query_mode"],

@@ -1,4 +1,4 @@
-"""`mmsparse train-head`: train any method's sparse head (mmsparse.api.train_head).
+"""`mmsparse train-head`: train any method's sparse head (mmsparse.api.training).
 
 The method options are not written out here: every field of every registered method's config
 dataclass (mmsparse/methods/*/config.py) becomes a `--flag`, shared fields in one panel and each
@@ -71,7 +71,7 @@ def _param(name: str, e: dict) -> inspect.Parameter:
 
 def _run(train_images, train_captions, out, method, val_images, val_captions, qrels, val_qrels, backbone,
          config, set_values, device, threads, restart, keep_checkpoint, **options) -> None:
-    from .. import api
+    from ..api.training import train_head
     from ..cli_ui import RichReporter
     from ..errors import InputError
 
@@ -82,10 +82,10 @@ def _run(train_images, train_captions, out, method, val_images, val_captions, qr
             raise InputError(f"--set {item!r}: expected KEY=VALUE, e.g. --set eta=1e-3")
         given[key.strip()] = _value(value)
     given.update({k: v for k, v in options.items() if v is not None})
-    api.train_head(train_images, train_captions, out=out, method=method, val_images=val_images,
-                   val_captions=val_captions, qrels=qrels, val_qrels=val_qrels, backbone=backbone, config=config,
-                   device=device, threads=threads, restart=restart, keep_checkpoint=keep_checkpoint,
-                   progress=RichReporter(), **given)
+    train_head(train_images, train_captions, out=out, method=method, val_images=val_images,
+               val_captions=val_captions, qrels=qrels, val_qrels=val_qrels, backbone=backbone, config=config,
+               device=device, threads=threads, restart=restart, keep_checkpoint=keep_checkpoint,
+               progress=RichReporter(), **given)
 
 
 def _value(text: str):

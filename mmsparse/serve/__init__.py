@@ -2,7 +2,7 @@
 
 create_app(index, dense_index=..., image_root=...) builds the app (models loaded once);
 run_server(app, host, port) serves it. See app.py for the routes and images.py for which image
-files may be sent. This package uses the library (mmsparse.api.query) and never the command line.
+files may be sent. This package uses the library (mmsparse.api.querying) and never the command line.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The search web application: a FastAPI app over one or two QueryEngines (mmsparse.api.query).
+"""The search web application: a FastAPI app over one or two QueryEngines (mmsparse.api.querying).
 
     from mmsparse.serve import create_app, run_server
     app = create_app("work/index/d2s", dense_index="work/index/dense", image_root="images/")
@@ -43,7 +43,7 @@ def create_app(index: str | Path, *, dense_index: str | Path | None = None, imag
     """The FastAPI app serving `index` (and `dense_index`, a dense index searched side by side),
     with thumbnails from `image_root` (default: the image folder the index's documents were
     encoded from, when its provenance names one that exists). head / backbone / model /
-    query_mode / force / device as in mmsparse.api.query.QueryEngine (they apply to `index`;
+    query_mode / force / device as in mmsparse.api.querying.QueryEngine (they apply to `index`;
     the dense index uses its own provenance). max_k bounds k, max_query_chars the query length.
     threads: torch CPU threads while encoding and search threads (default 1: requests run one at
     a time, and one thread keeps latency low on a machine with other work).
@@ -54,7 +54,7 @@ def create_app(index: str | Path, *, dense_index: str | Path | None = None, imag
     from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
     from starlette.exceptions import HTTPException
 
-    from ..api.query import QueryEngine
+    from ..api.querying import QueryEngine
     from ..metrics import display_term
     from .images import MEDIA_TYPES, safe_image_path
     from .models import HealthInfo, SearchResponse
@@ -118,7 +118,7 @@ def create_app(index: str | Path, *, dense_index: str | Path | None = None, imag
     def encoded(text: str, mode: str):
         """The query text encoded for `mode` (cached); the dense side reuses the sparse side's
         backbone vectors when both indexes share the backbone."""
-        from ..api.query import Encoded
+        from ..api.querying import Encoded
 
         eng = engines[mode]
         share = mode == "dense" and "sparse" in engines and engines["sparse"].backbone is eng.backbone

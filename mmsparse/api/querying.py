@@ -6,7 +6,7 @@ and head the index was built from; `QueryEngine`: the same with the model loaded
     top = hits[0]["results"][0]      # {"rank": 1, "id": "...", "score": 7.91, "shared": [...]}
     top["shared"][0]                 # {"term": "dog", "query_weight", "doc_weight", "contribution"}
 
-    from mmsparse.api.query import QueryEngine
+    from mmsparse.api.querying import QueryEngine
     with QueryEngine("work/index/d2s") as engine:        # loads backbone, head and index once
         engine.run(["a dog", "two cats"], k=5)
         engine.run(["a dog"], k=5, exclude=["dog"], add=["grass"])   # edit the expanded terms

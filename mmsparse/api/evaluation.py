@@ -6,7 +6,7 @@
                                docs="sparse/test-images.h5", dense_run="runs/dense.trec",
                                deviation_k=20, out="eval/d2s.json")
     scores["R@10"], scores["FLOPs"], scores["doc_Exact@10"], scores["p_vs_dense_R@10"]
-    table = mmsparse.api.evaluate.evaluate_table(["eval/dense.json", "eval/d2s.json"], out="table.md")
+    table = mmsparse.evaluate_table(["eval/dense.json", "eval/d2s.json"], out="table.md")
 
 Significance and Bonferroni. Every p-value is a paired two-tailed t-test over per-query values
 (scipy.stats.ttest_rel). The raw p-value is always stored; the corrected one multiplies it by
