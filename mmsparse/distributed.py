@@ -369,8 +369,11 @@ def _encode_split(sd, out: Path, split: str, base: dict, common: dict, part_rows
     if sd.captions:
         files["captions"] = (list(sd.captions), out / f"{split}-captions.h5", {**base, "modality": "text"},
                              part_rows or CAPTION_PART_ROWS)
-    settings = {"backbone": common["backbone"], "model": common["model"], "dtype": common["dtype"],
-                "precision": common["precision"]}
+    try:  # the model by what it is (a moved model keeps its parts, one changed in place does not)
+        model = {"model_fingerprint": provenance.model_fingerprint(common["model"])}
+    except InputError:  # a model only the cluster's machines hold
+        model = {"model": common["model"]}
+    settings = {"backbone": common["backbone"], **model, "dtype": common["dtype"], "precision": common["precision"]}
     pds, items, attrs, tasks = {}, [], {}, {}
     for kind, (recs, path, a, pr) in files.items():
         fp = _fingerprint(kind, recs, {**settings, "part_rows": pr, "attrs": {k: str(v) for k, v in sorted(a.items())}})
