@@ -6,7 +6,9 @@ OUT.partial/shard-NNNNN.h5 beside the target OUT, so an interrupted run that is 
 with the same settings skips the finished shards. When all shards exist they are streamed into
 OUT through formats.DenseWriter in row blocks and the partial directory is removed; memory is
 O(batch) throughout. Encoding
-is deterministic, so a resumed run yields the same rows as an uninterrupted one.
+is deterministic, so a resumed run yields the same rows as an uninterrupted one. The output's
+write lock (atomic.output_lock) is held from the up-to-date check to the merge, so a second
+writer of OUT stops (exit 2) instead of sharing OUT.partial.
 
 Extra datasets in the dense file (only when asked for):
   pre_projection    [N, h] float32   pooled tower state before the projection (the [CLS] state for
@@ -43,7 +45,7 @@ from typing import Sequence
 import h5py
 import numpy as np
 
-from ..atomic import atomic_path, kill_point
+from ..atomic import atomic_path, kill_point, locks_output
 from ..errors import InputError
 from ..formats import DenseWriter
 from ..formats._h5 import STR, read_strings
@@ -335,6 +337,7 @@ def _merge(out: Path, partial: Path, n_shards: int, dim: int, attrs: dict, text:
     return rows, skipped
 
 
+@locks_output("out")  # one writer per output: two would share (and delete) OUT.partial
 def _run_shards(kind, backbone, records, out, attrs, shard_rows, dtype, extras, states_dtype,
                 layer, encode_shard, rep: Reporter, force, precision="fp32", begin=None) -> EncodeResult:
     """Encode `records` shard by shard (see the module docstring) and merge into `out`.
