@@ -3,8 +3,9 @@
 Compatibility is read from the files' provenance attributes: two files that must come from the
 same backbone / model / head / split are compared key by key, and a mismatch names both files
 and both values. Models are compared by what they are (`model_fingerprint`), not where they lay:
-a model moved or copied elsewhere is the same model, one changed in place is not. `force=True` turns a mismatch a user may knowingly want (e.g. searching images
-with images) into a warning on stderr.
+a model moved or copied elsewhere is the same model, one changed in place is not. `force=True`
+turns a mismatch a user may knowingly want (e.g. searching images with images) into a warning
+on stderr.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def _model_mismatch(a_attrs: dict, b_attrs: dict, a_name: str, b_name: str) -> s
     old = a_name if not fa else b_name
     _once("legacy", f"mmsparse: warning: {old} records no model_fingerprint (written by an older mmsparse): "
                     "models are compared by path only, so a model changed in place goes unnoticed; re-encode "
-                    "it to record one")
+                    "it (encode-dense --force) to record one")
     return None if same_place else f"{a_name}: model={_show(a)} but {b_name}: model={_show(b)}"
 
 

@@ -85,8 +85,8 @@ def test_waits_with_mmsparse_lock_wait(tmp_path, monkeypatch, capfd):
     out = tmp_path / "x.h5"
     p = _holder(out, tmp_path / "go")
     monkeypatch.setenv("MMSPARSE_LOCK_WAIT", "30")
-    subprocess.Popen([sys.executable, "-c", "import time, pathlib, sys; time.sleep(1); pathlib.Path(sys.argv[1]).touch()",
-                      str(tmp_path / "go")])
+    touch_later = "import time, pathlib, sys; time.sleep(1); pathlib.Path(sys.argv[1]).touch()"
+    subprocess.Popen([sys.executable, "-c", touch_later, str(tmp_path / "go")])
     t0 = time.monotonic()
     with output_lock(out):
         assert p.poll() == 0 or p.wait(10) == 0

@@ -25,7 +25,8 @@ function of (dataset, seed, s) alone.
 Cache (resumable): VIEWS_DIR/shards/shard-NNNNN.h5, one dense HDF5 per shard, written
 atomically; a run started again skips the shards that exist (and checks their settings in
 VIEWS_DIR/settings.json, where the model is named by its content fingerprint,
-provenance.model_fingerprint: after a model changed in place the cache is refused, not reused). When all shards exist they are merged into VIEWS_DIR/views.h5: a dense
+provenance.model_fingerprint: after a model changed in place the cache is refused, not reused).
+When all shards exist they are merged into VIEWS_DIR/views.h5: a dense
 HDF5 (modality image, dataset "<dataset>-views") with ids "<image id>#v<j>" (single) or
 "<image id>+<image id>#c<j>" (collage; with a seed s != 0 "#s<s>v<j>" and "#s<s>c<j>"), plus the extra dataset `sources` [N, 2] int32: the
 dataset-order index of the view's image(s) (second = -1 for single views). The dataset order is
@@ -269,7 +270,8 @@ def _unchanged_since(old: dict, settings: dict, model: str, out: Path) -> bool:
     is newer than the oldest cached file (the model was not changed in place since)."""
     if "model_fingerprint" in old or old.get("model") != Path(model).name:
         return False
-    if {k: v for k, v in old.items() if k != "model"} != {k: v for k, v in settings.items() if k != "model_fingerprint"}:
+    rest = {k: v for k, v in settings.items() if k != "model_fingerprint"}
+    if {k: v for k, v in old.items() if k != "model"} != rest:
         return False
     cached = [p.stat().st_mtime_ns for p in [*(out / "shards").glob("shard-*.h5"), out / "views.h5"] if p.is_file()]
     mp = Path(model)
