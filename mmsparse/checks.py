@@ -2,8 +2,10 @@
 
 Compatibility is read from the files' provenance attributes: two files that must come from the
 same backbone / model / head / split are compared key by key, and a mismatch names both files
-and both values. `force=True` turns a mismatch a user may knowingly want (e.g. searching images
-with images) into a warning on stderr.
+and both values. Models are compared by what they are (`model_fingerprint`), not where they lay:
+a model moved or copied elsewhere is the same model, one changed in place is not. `force=True`
+turns a mismatch a user may knowingly want (e.g. searching images with images) into a warning
+on stderr.
 """
 
 from __future__ import annotations
@@ -29,10 +31,17 @@ def check_compatible(a_attrs: dict, b_attrs: dict, keys: Sequence[str], a_name: 
     msgs = []
     for k in keys:
         a, b = a_attrs.get(k), b_attrs.get(k)
+        if k == "model":
+            m = _model_mismatch(a_attrs, b_attrs, a_name, b_name)
+            if m:
+                msgs.append(m)
+            continue
         if a is None or b is None or _norm(a) == _norm(b):
             continue
         msgs.append(f"{a_name}: {k}={_show(a)} but {b_name}: {k}={_show(b)}")
     if msgs and not force:
+        if msgs[0].endswith(CHANGED_FIX):  # the model changed in place: the caller's fix does not apply
+            fix = ""
         hint = f"; {fix}" if fix else ""
         more = f" (and {len(msgs) - 1} more mismatch(es))" if len(msgs) > 1 else ""
         tail = "; pass --force to use them together anyway" if force is False else ""
@@ -40,6 +49,50 @@ def check_compatible(a_attrs: dict, b_attrs: dict, keys: Sequence[str], a_name: 
     for m in msgs:
         warn(f"{m} (--force: going ahead)")
     return msgs
+
+
+CHANGED_FIX = ("re-encode with encode-dense and retrain the heads made from the old vectors, so that both "
+               "come from one version")
+_said: set = set()  # notes and warnings said once per process
+
+
+def _model_mismatch(a_attrs: dict, b_attrs: dict, a_name: str, b_name: str) -> str | None:
+    """Whether two files' models differ, by `model_fingerprint` (what the model is) where both
+    record one, else by `model` (where it lay; one warning line per process says so). The same
+    fingerprint at another path is the same model (moved: a note); another fingerprint at the
+    same path is a model changed in place. Returns the mismatch message, or None."""
+    a, b = a_attrs.get("model"), b_attrs.get("model")
+    fa, fb = a_attrs.get("model_fingerprint"), b_attrs.get("model_fingerprint")
+    same_place = a is not None and b is not None and _norm(a) == _norm(b)
+    if fa and fb:
+        if fa == fb:
+            if a is not None and b is not None and not same_place:
+                _once(("moved", str(a), str(b)), f"mmsparse: note: {a_name} and {b_name} name one model at two "
+                      f"paths ({str(a)!r}, {str(b)!r}; same model_fingerprint {_short(fa)}): it moved; going ahead")
+            return None
+        if same_place:
+            return (f"{a_name} and {b_name} come from different versions of model {str(a)!r} (model_fingerprint "
+                    f"{_short(fa)} vs {_short(fb)}): the model changed in place; {CHANGED_FIX}")
+        return f"{a_name}: model={_show(a)} but {b_name}: model={_show(b)} (another model_fingerprint)"
+    if a is None or b is None:
+        return None
+    old = a_name if not fa else b_name
+    _once("legacy", f"mmsparse: warning: {old} records no model_fingerprint (written by an older mmsparse): "
+                    "models are compared by path only, so a model changed in place goes unnoticed; re-encode "
+                    "it (encode-dense --force) to record one")
+    return None if same_place else f"{a_name}: model={_show(a)} but {b_name}: model={_show(b)}"
+
+
+def _short(fp) -> str:
+    """A fingerprint shortened for messages: sha256:9a27c25da2b3, hf:org/name@1a2b3c4d5e6f."""
+    s = str(fp)
+    return s[:s.index(":") + 13] if s.startswith("sha256:") else s[:s.rfind("@") + 13] if "@" in s else s
+
+
+def _once(key, line: str) -> None:
+    if key not in _said:
+        _said.add(key)
+        print(line, file=sys.stderr)
 
 
 def _norm(v):

@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from . import provenance
-from .atomic import kill_point
+from .atomic import kill_point, locks_output, output_lock
 from .errors import InputError
 from .formats.sharded import (
     MANIFEST,
@@ -369,8 +369,11 @@ def _encode_split(sd, out: Path, split: str, base: dict, common: dict, part_rows
     if sd.captions:
         files["captions"] = (list(sd.captions), out / f"{split}-captions.h5", {**base, "modality": "text"},
                              part_rows or CAPTION_PART_ROWS)
-    settings = {"backbone": common["backbone"], "model": common["model"], "dtype": common["dtype"],
-                "precision": common["precision"]}
+    try:  # the model by what it is (a moved model keeps its parts, one changed in place does not)
+        model = {"model_fingerprint": provenance.model_fingerprint(common["model"])}
+    except InputError:  # a model only the cluster's machines hold
+        model = {"model": common["model"]}
+    settings = {"backbone": common["backbone"], **model, "dtype": common["dtype"], "precision": common["precision"]}
     pds, items, attrs, tasks = {}, [], {}, {}
     for kind, (recs, path, a, pr) in files.items():
         fp = _fingerprint(kind, recs, {**settings, "part_rows": pr, "attrs": {k: str(v) for k, v in sorted(a.items())}})
@@ -478,8 +481,9 @@ def encode_splits(todo: dict, *, out: Path, backbone: str, model: str, dataset: 
             base["limit"] = int(limit)
         common = dict(backbone=backbone, model=model, device=device, dtype=dtype, batch_size=batch_size,
                       precision=precision, strict=strict, loader=sd.loader)
-        caps = _encode_split(sd, out, s, base, common, part_rows, workers, cpus_per_worker, num_gpus_per_worker,
-                             force, rep)
+        with output_lock(out / f"{s}-images.h5"), output_lock(out / f"{s}-captions.h5"):  # one writer each
+            caps = _encode_split(sd, out, s, base, common, part_rows, workers, cpus_per_worker, num_gpus_per_worker,
+                                 force, rep)
         qrels = {c.id: {c.image_id: 1} for c in caps if c.image_id}
         if qrels:
             write_qrels(out / f"{s}.qrels", qrels, meta={"dataset": base["dataset"], "split": s})
@@ -549,6 +553,7 @@ class _SparsifyPart:
         return {k: np.array(v) for k, v in out.items()}
 
 
+@locks_output("out")  # one writer of the part directory at a time
 def sparsify_parts(head, head_dir: Path | None, dense: Path, out: Path, mode: str, options: dict,
                    batch_size: int, out_attrs: dict, *, n_rows: int, ray: str, workers: int = 1,
                    num_gpus_per_worker: float = 0.0, cpus_per_worker: float = 1,

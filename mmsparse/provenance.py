@@ -17,6 +17,10 @@ paths; `add_inputs` adds inputs a stage finds itself), so the writers' `stamp()`
 whether the stage was started from the shell or from Python.
 `chain(path)` / `format_chain` walk the record back to the images and captions
 (`mmsparse inspect --provenance FILE`).
+
+`model_fingerprint(path_or_id)` says what a model is, wherever it lies (a content hash, or a hub
+commit); dense files record it as `model_fingerprint` beside `model`, and checks.check_compatible
+compares models by it.
 """
 
 from __future__ import annotations
@@ -27,12 +31,16 @@ import functools
 import hashlib
 import inspect
 import json
+import os
+import re
 import shlex
 import sys
+import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
 
 from ._version import __version__
+from .errors import InputError
 
 # directories above this total size get a manifest hash (names, sizes, mtimes), not a content hash
 CONTENT_HASH_DIR_LIMIT = 64 << 20
@@ -148,6 +156,101 @@ def content_hash(path: str | Path) -> dict:
     for f, s in stats:
         h.update(f"{f.relative_to(p).as_posix()}\0{s.st_size}\0{s.st_mtime_ns}\n".encode())
     return {"manifest_sha256": h.hexdigest()}
+
+
+# -- model fingerprints -----------------------------------------------------------------------
+
+# files beside a model that do not change what it computes: model cards, licences
+_NOT_MODEL = re.compile(r"(?i)^(readme|license|licence|notice|citation)([.-].*)?$|.*\.(md|rst)$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_fingerprints: dict[tuple, str] = {}
+
+
+def model_fingerprint(model: str | Path, cache_dir: str | Path | None = None) -> str:
+    """What a model *is*, wherever it lies: compare two fingerprints to tell whether vectors come
+    from the same model (a model moved, copied or mounted elsewhere keeps its fingerprint; one
+    changed in place gets a new one).
+
+    A local directory: "sha256:<hex>" over the relative names and sha256 of its files (config,
+    weights, tokenizer and processor files; hidden files, model cards and licences left out); a
+    local file (a checkpoint): "sha256:<hex>" of its bytes. A hub id: "hf:<id>@<commit>", the
+    revision of its copy in the local Hugging Face cache (`cache_dir`, default the hub's own),
+    found offline; a cached snapshot not named by a commit is hashed as a local directory.
+
+    Local fingerprints are kept in memory and on disk ($MMSPARSE_CACHE/fingerprints, see
+    settings.cache_dir; the model directory may be read-only), keyed by the resolved path and
+    every file's size and modification time: a model is read once (0.2 s for the 108 MB shared
+    model from the page cache), a changed file is read again. Raises InputError if `model` is
+    neither a local path nor a hub id in the local cache."""
+    p = Path(model).expanduser()
+    if p.exists():
+        return _local_fingerprint(p.resolve())
+    snapshot = _hub_snapshot(str(model), cache_dir)
+    if snapshot is None:
+        raise InputError(f"{model}: model not found (neither a local path nor a hub id in the local Hugging Face "
+                         "cache); pass the model directory")
+    if _COMMIT.match(snapshot.name):
+        return f"hf:{model}@{snapshot.name}"
+    return _local_fingerprint(snapshot.resolve())
+
+
+def _hub_snapshot(repo_id: str, cache_dir) -> Path | None:
+    """The snapshot directory of hub model `repo_id` in the local cache (its main revision), or None."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        hit = try_to_load_from_cache(repo_id, "config.json", cache_dir=cache_dir)
+    except Exception:  # not a valid repo id (e.g. a path that does not exist), or no huggingface_hub
+        return None
+    return Path(hit).parent if isinstance(hit, str) else None
+
+
+def _model_files(root: Path) -> list[tuple[str, Path, os.stat_result]]:
+    """(relative name, path, stat) of the files that make up a model directory (or file)."""
+    if root.is_file():
+        return [(root.name, root, root.stat())]
+    out = []
+    for f in sorted(root.rglob("*")):
+        rel = f.relative_to(root)
+        if any(part.startswith(".") for part in rel.parts) or _NOT_MODEL.match(f.name) or not f.is_file():
+            continue
+        out.append((rel.as_posix(), f, f.stat()))
+    return out
+
+
+def _local_fingerprint(root: Path) -> str:
+    files = _model_files(root)
+    listing = [[rel, s.st_size, s.st_mtime_ns] for rel, _, s in files]
+    key = (str(root), json.dumps(listing))
+    if key in _fingerprints:
+        return _fingerprints[key]
+    from .settings import cache_dir
+
+    entry = cache_dir() / "fingerprints" / (hashlib.sha256(str(root).encode()).hexdigest()[:32] + ".json")
+    try:
+        old = json.loads(entry.read_text(encoding="utf-8"))
+        if old.get("path") == str(root) and old.get("files") == listing and old.get("fingerprint"):
+            _fingerprints[key] = old["fingerprint"]
+            return old["fingerprint"]
+    except (OSError, ValueError, AttributeError):
+        pass
+    if root.is_file():
+        fp = "sha256:" + file_sha256(root)
+    else:
+        h = hashlib.sha256()
+        for rel, f, _ in files:
+            h.update(f"{rel}\0{file_sha256(f)}\n".encode())
+        fp = "sha256:" + h.hexdigest()
+    _fingerprints[key] = fp
+    try:  # a read-only or full cache only costs the next process the hash again
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{entry.name}.", dir=entry.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump({"path": str(root), "files": listing, "fingerprint": fp}, f)
+        os.replace(tmp, entry)
+    except OSError:
+        pass
+    return fp
 
 
 # -- kinds ------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from ..progress import Reporter, reporter
 # Query attributes that must match the indexed documents' (dense: same backbone and model;
 # sparse: also the same head), and that the run's sidecar keeps for `eval`.
 MATCH_KEYS = ("backbone", "model", "head", "dataset", "split")
-RUN_KEYS = ("modality", "backbone", "model", "head", "method", "query_mode", "dataset", "split")
+RUN_KEYS = ("modality", "backbone", "model", "model_fingerprint", "head", "method", "query_mode", "dataset", "split")
 MODES = ("single", "two-stage", "sparse", "dense", "hybrid")
 
 

@@ -16,7 +16,7 @@ from ..methods.head import SparseHead, load_head
 from ..progress import reporter
 
 # attributes of the dense file the sparse file carries over
-KEEP = ("backbone", "model", "dataset", "split", "normalized", "patch_layer")
+KEEP = ("backbone", "model", "model_fingerprint", "dataset", "split", "normalized", "patch_layer")
 
 
 @provenance.recorded("head", "dense")

@@ -10,6 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .. import provenance
+from ..atomic import locks_output
 from ..errors import InputError
 from ..methods import canonical, get_config_class, get_method
 from ..methods.base import TrainInputs, make_config
@@ -20,6 +21,7 @@ __all__ = ["train_head", "load_head", "resolve_config", "workspace_inputs"]
 
 
 @provenance.recorded("train_images", "train_captions", "val_images", "val_captions", "qrels", "val_qrels", "config")
+@locks_output("out")  # one writer of OUT and OUT.ckpt/ at a time
 def train_head(train_images: str | Path | None = None, train_captions: str | Path | None = None, *,
                out: str | Path, method: str = "d2s", val_images: str | Path | None = None,
                val_captions: str | Path | None = None, qrels: str | Path | None = None,

@@ -19,6 +19,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import InputError
+from ..provenance import model_fingerprint
 
 EXTRAS = ("pre_projection", "token_states", "patch_states")
 
@@ -132,10 +133,22 @@ class Backbone(ABC):
         n = int(self.word_embeddings().shape[0])
         return vocab_list(self.tokenizer, n)
 
+    def fingerprint(self) -> str | None:
+        """The model's content fingerprint (provenance.model_fingerprint), computed once; None
+        when it cannot be found (a hub model outside the local cache)."""
+        if "_fingerprint" not in self.__dict__:
+            try:
+                self._fingerprint = model_fingerprint(self.model)
+            except InputError:
+                self._fingerprint = None
+        return self._fingerprint
+
     def attrs(self) -> dict:
-        """Attributes for dense files written with this backbone."""
-        return {"backbone": self.name, "model": self.model, "normalized": bool(self.normalized),
-                "max_length": int(self.max_length)}
+        """Attributes for dense files written with this backbone: backbone, model (where it was
+        loaded from), model_fingerprint (what it is), normalized, max_length."""
+        fp = self.fingerprint()
+        return {"backbone": self.name, "model": self.model, **({"model_fingerprint": fp} if fp else {}),
+                "normalized": bool(self.normalized), "max_length": int(self.max_length)}
 
 
 def vocab_list(tokenizer, n: int) -> list[str]:

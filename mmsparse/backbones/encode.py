@@ -6,7 +6,9 @@ OUT.partial/shard-NNNNN.h5 beside the target OUT, so an interrupted run that is 
 with the same settings skips the finished shards. When all shards exist they are streamed into
 OUT through formats.DenseWriter in row blocks and the partial directory is removed; memory is
 O(batch) throughout. Encoding
-is deterministic, so a resumed run yields the same rows as an uninterrupted one.
+is deterministic, so a resumed run yields the same rows as an uninterrupted one. The output's
+write lock (atomic.output_lock) is held from the up-to-date check to the merge, so a second
+writer of OUT stops (exit 2) instead of sharing OUT.partial.
 
 Extra datasets in the dense file (only when asked for):
   pre_projection    [N, h] float32   pooled tower state before the projection (the [CLS] state for
@@ -43,12 +45,13 @@ from typing import Sequence
 import h5py
 import numpy as np
 
-from ..atomic import atomic_path, kill_point
+from ..atomic import atomic_path, kill_point, locks_output
 from ..errors import InputError
 from ..formats import DenseWriter
 from ..formats._h5 import STR, read_strings
 from ..data.records import CaptionRecord, ImageRecord
 from ..progress import Reporter, reporter
+from ..provenance import check_input
 from .base import Backbone
 
 FINGERPRINT = "fingerprint.json"
@@ -179,9 +182,33 @@ def _fingerprint(kind: str, backbone: Backbone, records, settings: dict) -> dict
     h = hashlib.sha1()
     for r in records:
         h.update(repr(r).encode())
-    return {"kind": kind, "backbone": backbone.name, "model": backbone.model,
+    # the model by what it is, not where it lies: a moved model keeps its outputs, one changed in
+    # place is encoded again
+    fp = backbone.fingerprint()
+    model = {"model_fingerprint": fp} if fp else {"model": backbone.model}
+    return {"kind": kind, "backbone": backbone.name, **model,
             "max_length": backbone.max_length, "n": len(records), "records_sha1": h.hexdigest(),
             **settings}
+
+
+def _kept_from_before_fingerprints(recorded: str, fp: dict, attrs, model: str) -> bool:
+    """An output written before model fingerprints (its `fingerprint` names the model by path)
+    with the settings of `fp` is kept when the model is the one at that path and is unchanged since:
+    the file's recorded model input (provenance `inputs`) still has its hash. Such a file keeps no
+    `model_fingerprint`; `encode-dense --force` writes one."""
+    try:
+        old = json.loads(recorded)
+        inputs = json.loads(attrs.get("inputs", "[]"))
+    except (TypeError, ValueError):
+        return False
+    if not isinstance(old, dict) or "model_fingerprint" in old or "model_fingerprint" not in fp:
+        return False
+    if {k: v for k, v in old.items() if k != "model"} != {k: v for k, v in fp.items() if k != "model_fingerprint"}:
+        return False
+    if old.get("model") != model:
+        return False
+    rec = next((r for r in inputs if isinstance(r, dict) and r.get("kind") == "model" and r.get("path") == model), None)
+    return rec is not None and check_input(rec) == "ok"
 
 
 def _prepare_partial(partial: Path, fp: dict, log) -> None:  # log: str -> None
@@ -202,13 +229,15 @@ def _prepare_partial(partial: Path, fp: dict, log) -> None:  # log: str -> None
     f.write_text(json.dumps(fp, sort_keys=True))
 
 
-def _finished(out: Path, fp_text: str):
-    """(rows, skipped) if `out` is a complete file made with fingerprint `fp_text`, else None."""
+def _finished(out: Path, fp_text: str, model: str):
+    """(rows, skipped) if `out` is a complete file made with fingerprint `fp_text` (or before
+    fingerprints, from the unchanged `model`), else None."""
     if not out.is_file():
         return None
     try:
         with h5py.File(out, "r") as f:
-            if f.attrs.get("fingerprint") != fp_text:
+            rec = f.attrs.get("fingerprint")
+            if rec != fp_text and not _kept_from_before_fingerprints(rec, json.loads(fp_text), f.attrs, model):
                 return None
             skipped = [tuple(x.split("\t", 1)) for x in read_strings(f["skipped"])] if "skipped" in f else []
             return int(f["ids"].shape[0]), skipped
@@ -308,6 +337,7 @@ def _merge(out: Path, partial: Path, n_shards: int, dim: int, attrs: dict, text:
     return rows, skipped
 
 
+@locks_output("out")  # one writer per output: two would share (and delete) OUT.partial
 def _run_shards(kind, backbone, records, out, attrs, shard_rows, dtype, extras, states_dtype,
                 layer, encode_shard, rep: Reporter, force, precision="fp32", begin=None) -> EncodeResult:
     """Encode `records` shard by shard (see the module docstring) and merge into `out`.
@@ -322,7 +352,7 @@ def _run_shards(kind, backbone, records, out, attrs, shard_rows, dtype, extras, 
     fp = _fingerprint(kind, backbone, records, settings)
     fp_text = json.dumps(fp, sort_keys=True)
     if not force:
-        done = _finished(out, fp_text)
+        done = _finished(out, fp_text, backbone.model)
         if done is not None:
             with rep.task(f"{out.name} (up to date)", total=len(records)) as t:
                 t.advance(len(records))

@@ -198,8 +198,9 @@ class ViewMixture:
 # ---------------------------------------------------------------- dense collections
 
 def _attrs(src_attrs: dict, dataset: str) -> dict:
-    keep = ("backbone", "model", "normalized")
-    return {"modality": "image", **{k: src_attrs[k] for k in keep}, "dataset": dataset, "split": "bench"}
+    keep = ("backbone", "model", "model_fingerprint", "normalized")
+    return {"modality": "image", **{k: src_attrs[k] for k in keep if k in src_attrs}, "dataset": dataset,
+            "split": "bench"}
 
 
 def view_images(view_id: str) -> list[str]:
@@ -256,18 +257,26 @@ def write_collections(views: Path | list[Path], originals: Path, out: Path, mixt
     """
     from ..formats.dense import DenseWriter, read_dense, read_dense_attrs
 
+    from ..checks import check_compatible
+    from ..errors import InputError
+
     views = [Path(views)] if isinstance(views, (str, Path)) else [Path(v) for v in views]
     out.mkdir(parents=True, exist_ok=True)
     va = read_dense_attrs(views[0])
     oa = read_dense_attrs(originals)
     for vf in views:
-        a = read_dense_attrs(vf)
-        for k in ("backbone", "model"):
-            if str(a[k]) != str(oa[k]):
-                raise SystemExit(f"{vf} and {originals} come from different encoders ({k}: {a[k]} vs {oa[k]})")
-    recipe = json.dumps({"views": [[vf.name, vf.stat().st_size] for vf in views],
-                         "originals": [originals.name, originals.stat().st_size], "max_views": max_views,
-                         "mixture": mixture, "check": check, "seed": seed, "exclude": "originals"})
+        try:  # the model compared by what it is (model_fingerprint), as every stage does
+            check_compatible(read_dense_attrs(vf), oa, ("backbone", "model"), str(vf), str(originals),
+                             "encode the views and the originals with one encoder")
+        except InputError as e:
+            raise SystemExit(str(e)) from None
+    r = {"views": [[vf.name, vf.stat().st_size] for vf in views],
+         "originals": [originals.name, originals.stat().st_size], "max_views": max_views,
+         "mixture": mixture, "check": check, "seed": seed, "exclude": "originals"}
+    fps = [read_dense_attrs(f).get("model_fingerprint") for f in [*views, originals]]
+    if any(fps):  # a file re-encoded by a model changed in place has the same size: its model tells
+        r["model_fingerprints"] = fps
+    recipe = json.dumps(r)
     paths = {"123k": out / "123k.dense.h5", "1m": out / "1m.dense.h5", "check": out / "mixture-check.dense.h5",
              "model": out / "mixture.npz"}
     for p in paths.values():  # made with another recipe (e.g. before test-image views were dropped): rebuild

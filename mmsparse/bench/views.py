@@ -24,7 +24,9 @@ function of (dataset, seed, s) alone.
 
 Cache (resumable): VIEWS_DIR/shards/shard-NNNNN.h5, one dense HDF5 per shard, written
 atomically; a run started again skips the shards that exist (and checks their settings in
-VIEWS_DIR/settings.json). When all shards exist they are merged into VIEWS_DIR/views.h5: a dense
+VIEWS_DIR/settings.json, where the model is named by its content fingerprint,
+provenance.model_fingerprint: after a model changed in place the cache is refused, not reused).
+When all shards exist they are merged into VIEWS_DIR/views.h5: a dense
 HDF5 (modality image, dataset "<dataset>-views") with ids "<image id>#v<j>" (single) or
 "<image id>+<image id>#c<j>" (collage; with a seed s != 0 "#s<s>v<j>" and "#s<s>c<j>"), plus the extra dataset `sources` [N, 2] int32: the
 dataset-order index of the view's image(s) (second = -1 for single views). The dataset order is
@@ -185,6 +187,7 @@ def encode_views(karpathy_json: str | Path, image_root: str | Path, out: str | P
 
     from ..backbones import load_backbone
     from ..formats.dense import DenseWriter
+    from ..provenance import model_fingerprint
     from ..settings import dual_encoder_dir
 
     out = Path(out)
@@ -201,16 +204,22 @@ def encode_views(karpathy_json: str | Path, image_root: str | Path, out: str | P
     pool = np.array([i for i, (sp, _) in enumerate(split_recs) if sp not in set(exclude_splits)], dtype=np.int64)
     n = len(pool)
     model = str(model or dual_encoder_dir())
+    # the model by what it is: after a model changed in place its old views must not come back
+    fingerprint = model_fingerprint(model)
     settings = {"dataset": dataset, "images": n, "views": views, "seed": seed, "collage": collage,
-                "shard_images": shard_images, "side": SIDE, "backbone": backbone, "model": Path(model).name,
+                "shard_images": shard_images, "side": SIDE, "backbone": backbone, "model_fingerprint": fingerprint,
                 "recipe": "mmsparse.bench.views v1"}
     if exclude_splits:  # (absent otherwise: the settings of caches made before the option still match)
         settings["exclude_splits"] = sorted(exclude_splits)
     sfile = out / "settings.json"
-    if sfile.is_file() and json.loads(sfile.read_text()) != settings:
+    old = json.loads(sfile.read_text()) if sfile.is_file() else settings
+    if old != settings and not _unchanged_since(old, settings, model, out):
         raise SystemExit(f"{sfile}: cached views were made with other settings; remove {out} or match them:\n"
                          f"{sfile.read_text()}")
-    sfile.write_text(json.dumps(settings, indent=1))
+    if old != settings:
+        log(f"views: {out} was cached before model fingerprints; kept, as no file of {model} is newer than it")
+    else:
+        sfile.write_text(json.dumps(settings, indent=1))
     final = out / "views.h5"
     if final.is_file():
         return final
@@ -223,7 +232,8 @@ def encode_views(karpathy_json: str | Path, image_root: str | Path, out: str | P
     base_count[order[:views % n]] += 1
     todo = [s for s in range(len(plan)) if not (sdir / f"shard-{s:05d}.h5").is_file()]
     log(f"views: {n} images{' (not ' + ', '.join(sorted(exclude_splits)) + ')' if exclude_splits else ''}, {views} views, {len(plan)} shards, {len(plan) - len(todo)} cached")
-    attrs = {"modality": "image", "backbone": backbone, "model": bb.model, "dataset": f"{dataset}-views",
+    attrs = {"modality": "image", "backbone": backbone, "model": bb.model, "model_fingerprint": fingerprint,
+             "dataset": f"{dataset}-views",
              "split": "views", "normalized": bool(bb.normalized), "view_seed": seed, "view_collage": collage}
     t0, done = time.time(), 0
     jobs = ((records, s, plan[s], base_count[plan[s]], seed, collage, bb.image_preprocessor) for s in todo)
@@ -252,6 +262,23 @@ def encode_views(karpathy_json: str | Path, image_root: str | Path, out: str | P
             w.append_extra("sources", src)
     log(f"views: wrote {final}")
     return final
+
+
+def _unchanged_since(old: dict, settings: dict, model: str, out: Path) -> bool:
+    """Whether a cache made before model fingerprints (its settings name the model's directory,
+    `model`) still holds views of this model: the other settings match, and no file of the model
+    is newer than the oldest cached file (the model was not changed in place since)."""
+    if "model_fingerprint" in old or old.get("model") != Path(model).name:
+        return False
+    rest = {k: v for k, v in settings.items() if k != "model_fingerprint"}
+    if {k: v for k, v in old.items() if k != "model"} != rest:
+        return False
+    cached = [p.stat().st_mtime_ns for p in [*(out / "shards").glob("shard-*.h5"), out / "views.h5"] if p.is_file()]
+    mp = Path(model)
+    if not mp.is_dir():  # a hub id: no way to tell
+        return False
+    made = [f.stat().st_mtime_ns for f in mp.rglob("*") if f.is_file()]
+    return bool(cached) and max(made, default=0) < min(cached)
 
 
 def main(argv=None) -> None:

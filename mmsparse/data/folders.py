@@ -198,7 +198,8 @@ def gather_dense(root: str | Path, dense_files: list[str | Path], out: str | Pat
         raise InputError(f"{missing[0]}: image not found in {', '.join(map(str, dense_files))} "
                          f"({len(missing)} missing); encode the class folder with `mmsparse encode-dense {root}`")
     order = [r.id.rsplit("/", 1)[-1] for r in recs]
-    keep = {k: attrs0[k] for k in ("modality", "backbone", "model", "normalized", "patch_layer") if k in attrs0}
+    keep = {k: attrs0[k] for k in ("modality", "backbone", "model", "model_fingerprint", "normalized", "patch_layer")
+            if k in attrs0}
     keep.update(dataset=dataset or Path(root).resolve().name, split="all",
                 source=" ".join(str(Path(p).resolve()) for p in dense_files))
     with h5py.File(dense_files[0], "r") as f0:

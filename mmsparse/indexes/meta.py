@@ -20,8 +20,8 @@ META_NAME = "mmsparse.json"
 KINDS = ("pisa", "seismic", "faiss", "milvus")
 SPARSE_KINDS = ("pisa", "seismic")  # sparse-only engines (Milvus holds sparse and/or dense)
 # Source-file attributes worth carrying into the index metadata (when present).
-SOURCE_KEYS = ("format", "modality", "head", "method", "query_mode", "backbone", "model", "dataset",
-               "split", "normalized", "dim", "mmsparse_version", "command")
+SOURCE_KEYS = ("format", "modality", "head", "method", "query_mode", "backbone", "model", "model_fingerprint",
+               "dataset", "split", "normalized", "dim", "mmsparse_version", "command")
 
 
 def source_attrs(attrs: dict) -> dict:

@@ -137,7 +137,9 @@ def training_record(inputs, cap_attrs: dict, **extra) -> dict:
     the absolute paths), plus `extra`."""
     def p(x):
         return str(Path(x).resolve()) if x is not None else None
+    fp = cap_attrs.get("model_fingerprint")  # (absent from older files: their checkpoints still resume)
     return {"backbone": cap_attrs.get("backbone"), "model": cap_attrs.get("model"),
+            **({"model_fingerprint": fp} if fp else {}),
             "dataset": cap_attrs.get("dataset"), "train_images": p(inputs.train_images),
             "train_captions": p(inputs.train_captions), "val_images": p(inputs.val_images),
             "val_captions": p(inputs.val_captions), **extra}

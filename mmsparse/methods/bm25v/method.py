@@ -44,6 +44,8 @@ class BM25V(Method):
             raise InputError(f"--patch-skip {cfg.patch_skip}: {path} has only {p} patch positions")
         self.path, self.shape = Path(path), (n, p - cfg.patch_skip, d)
         self.training = {k: attrs.get(k) for k in ("backbone", "model", "dataset", "split", "patch_layer")}
+        if attrs.get("model_fingerprint"):  # (absent from older files: their checkpoints still resume)
+            self.training["model_fingerprint"] = attrs["model_fingerprint"]
         self.training.update(train_images=str(Path(path).resolve()), images=n, patches_per_image=p - cfg.patch_skip,
                              patches=n * (p - cfg.patch_skip))
         self.fingerprint = {"inputs": dict(self.training)}

@@ -229,7 +229,8 @@ def tuned_dense(head, src: str | Path, out: str | Path, batch: int = 4096, head_
     Returns `out`. Raises InputError when `src` has no pre-projection states."""
     attrs = read_dense_attrs(src)
     modality = attrs["modality"]
-    keep = {k: attrs[k] for k in ("modality", "backbone", "model", "dataset", "split") if k in attrs}
+    keep = {k: attrs[k] for k in ("modality", "backbone", "model", "model_fingerprint", "dataset", "split")
+            if k in attrs}
     keep.update(normalized=True, pre_projection_source=str(Path(src).resolve()),
                 joint_head=str(Path(head_dir).resolve()) if head_dir else "")
     with open_read(src) as f:
