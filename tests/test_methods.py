@@ -25,9 +25,13 @@ OPTIONS = {
     "joint": dict(epochs=2, batch_size=16, l1_warmup=2, vocab_min_df=1),
     "vdr": dict(epochs=2, batch_size=32, vdr_train_k=8, vdr_query_k=8, vdr_doc_k=8, vocab_min_df=1),
     "bm25v": dict(epochs=2, batch_size=64, sae_expansion=4, sae_k=4),
+    "inference-free": dict(epochs=2, batch_size=32, l1_warmup=2, eta=1e-3, vocab_min_df=1),
 }
 ONE_STEP = {"d2s": dict(batch_size=80), "joint": dict(batch_size=40), "vdr": dict(batch_size=80),
-            "bm25v": dict(batch_size=160)}
+            "bm25v": dict(batch_size=160), "inference-free": dict(batch_size=80)}
+
+
+METHODS = ["d2s", "joint", "vdr", "bm25v", "inference-free"]
 
 
 def _inputs(data, method):
@@ -44,7 +48,7 @@ def _train(data, out, method, **extra):
 
 
 def test_registry_lists_the_builtins_and_refuses_unknown_names():
-    assert method_names()[:4] == ["d2s", "joint", "vdr", "bm25v"]
+    assert method_names()[:5] == METHODS
     for m in method_names():
         cls = get_method(m)
         assert cls.name == m and cls.config_class is get_config_class(m) and cls.head_class.method == m
@@ -57,7 +61,7 @@ def test_registry_lists_the_builtins_and_refuses_unknown_names():
         make_config(get_config_class("d2s"), {"expansion": "all"})
 
 
-@pytest.mark.parametrize("method", ["d2s", "joint", "vdr", "bm25v"])
+@pytest.mark.parametrize("method", METHODS)
 def test_one_step_save_load_in_a_fresh_interpreter_and_sparsify(method, method_data, tmp_path):
     out = _train(method_data, tmp_path / "head", method, epochs=1, **ONE_STEP[method])
     cfg = json.loads((out / "config.json").read_text())
@@ -91,7 +95,7 @@ def _run(method, data, tmp, stop=None, ckpt=None):
     return fit(m, head, train, val, ckpt_dir=ckpt, stop_after_epoch=stop)
 
 
-@pytest.mark.parametrize("method", ["d2s", "joint", "vdr", "bm25v"])
+@pytest.mark.parametrize("method", METHODS)
 def test_training_is_deterministic(method, method_data, tmp_path):
     a = _train(method_data, tmp_path / "a", method)
     b = _train(method_data, tmp_path / "b", method)
@@ -107,7 +111,7 @@ def test_training_is_deterministic(method, method_data, tmp_path):
     assert any(not torch.equal(wa[k], wc[k]) for k in wa)
 
 
-@pytest.mark.parametrize("method", ["d2s", "joint", "vdr", "bm25v"])
+@pytest.mark.parametrize("method", METHODS)
 def test_interrupted_run_resumes_to_the_same_head(method, method_data, tmp_path):
     """Model, optimizer, scheduler, RNG and the method's own state (expansion control, ...) are
     restored: an interrupted run that resumes ends bit-identical to an uninterrupted one."""

@@ -21,9 +21,11 @@ BUILTIN = {
     "joint": ("mmsparse.methods.joint.config:JointConfig", "mmsparse.methods.joint.method:Joint"),
     "vdr": ("mmsparse.methods.vdr.config:VDRConfig", "mmsparse.methods.vdr.method:VDR"),
     "bm25v": ("mmsparse.methods.bm25v.config:BM25VConfig", "mmsparse.methods.bm25v.method:BM25V"),
+    "inference-free": ("mmsparse.methods.inference_free.config:InferenceFreeConfig",
+                       "mmsparse.methods.inference_free.method:InferenceFree"),
 }
 # names in head directories written by earlier versions
-ALIASES = {"sae": "bm25v"}
+ALIASES = {"sae": "bm25v", "doc-only": "inference-free"}
 GROUP = "mmsparse.methods"
 
 

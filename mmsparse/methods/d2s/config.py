@@ -18,8 +18,9 @@ PAPER_NAMES = {"none": "exp=0", "full": "exp=1", "caption": "exp=c", "caption-wo
 
 
 @dataclass
-class D2SConfig(TrainConfig, VocabConfig):
-    """D2S hyper-parameters: the shared fields with the paper's values, then eq. 7 and Algorithm 1's."""
+class D2SLossConfig(TrainConfig, VocabConfig):
+    """The head and eq. 7's fields with the paper's values: what every method built on the D2S head and
+    its dense teacher shares (D2S, inference-free). Expansion control (Algorithm 1) is D2SConfig's."""
 
     epochs: int = option(200, "Passes over the training captions; also the length of the expansion schedule "
                          "(eq. 6).", min=1, paper="200 (§5.1)")
@@ -44,6 +45,18 @@ class D2SConfig(TrainConfig, VocabConfig):
     sparsity_loss: str = option("l1", "l1: η·(L1(s_I) + L1(s_C)), eq. 7; flops: SPLADE's FLOPs regulariser η·Σ_t "
                                 "(mean_i s_it)² per side (Paria et al. 2020), which penalises most the terms present "
                                 "in every vector.", choices=("l1", "flops"), paper="l1 (eq. 7)")
+    init_bias: float = option(0.0, "Initial W2 bias (negative = sparser start).", paper="0")
+    center: str = option("none", "none: the head sees the dense vectors as they are; mean: subtract the training "
+                         "mean of each modality first (stored in the head). Frozen vision-language vectors share "
+                         "one dominant direction per modality; projected onto the vocabulary it lights the same "
+                         "few 'hub' terms in every vector (docs/d2s.md).", choices=("none", "mean"),
+                         paper="none")
+
+
+@dataclass
+class D2SConfig(D2SLossConfig):
+    """D2S hyper-parameters: D2SLossConfig's, then Algorithm 1's (probabilistic expansion control)."""
+
     expansion: str = option("caption-word", "Probabilistic expansion control: "
                             + ", ".join(f"{m} ({PAPER_NAMES[m]})" for m in EXPANSION_MODES) + ".",
                             choices=EXPANSION_MODES, paper="caption-word (Algorithm 1)")
@@ -59,9 +72,3 @@ class D2SConfig(TrainConfig, VocabConfig):
                              choices=("raw", "masked"), paper="masked (Algorithm 1, authors' code)")
     pec_schedule: str = option("epoch", "epoch: raise p_c, p_v after each epoch (eq. 6); step: the same ramp "
                                "updated every step.", choices=("epoch", "step"), paper="epoch (eq. 6)")
-    init_bias: float = option(0.0, "Initial W2 bias (negative = sparser start).", paper="0")
-    center: str = option("none", "none: the head sees the dense vectors as they are; mean: subtract the training "
-                         "mean of each modality first (stored in the head). Frozen vision-language vectors share "
-                         "one dominant direction per modality; projected onto the vocabulary it lights the same "
-                         "few 'hub' terms in every vector (docs/d2s.md).", choices=("none", "mean"),
-                         paper="none")

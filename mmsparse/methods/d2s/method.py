@@ -74,6 +74,16 @@ class D2S(Method):
 
     # -- data and head --------------------------------------------------------------------
     def setup(self, inputs, progress=None):
+        head, train, val = self.load_data(inputs, progress)
+        cfg = self.cfg
+        self.pec = ExpansionControl(cfg.expansion, document_frequency(train.token_ids, len(head.vocab)), cfg.epochs,
+                                    cfg.mask_caption_terms, cfg.pec_end)
+        return head, train, val
+
+    def load_data(self, inputs, progress=None):
+        """Read and check the pairs, choose the vocabulary, tokenize the captions onto its columns and
+        build a fresh head (seeded): (head, train, val). Records training provenance, the checkpoint
+        fingerprint and the sparsity warm-up in steps."""
         cfg = self.cfg
         train = load_pairs(inputs.train_images, inputs.train_captions, inputs.qrels)
         val = load_pairs(inputs.val_images, inputs.val_captions, inputs.val_qrels) if inputs.val_images else None
@@ -89,8 +99,6 @@ class D2S(Method):
             val.tokenize(voc.tokenizer)
             val.set_columns(head.token_ids.numpy())
         self.fingerprint = {"inputs": dict(self.training), "vocab_size": len(voc.terms), "n_captions": len(train.cap_ids)}
-        self.pec = ExpansionControl(cfg.expansion, document_frequency(train.token_ids, len(voc.terms)), cfg.epochs,
-                                    cfg.mask_caption_terms, cfg.pec_end)
         self.l1_warm = warmup_steps(cfg.l1_warmup, self.steps_per_epoch(train) * cfg.epochs)
         if progress is not None:
             progress.log(f"train-head {self.name}: {len(train.img_ids)} images, {len(train.cap_ids)} captions, "
@@ -100,7 +108,7 @@ class D2S(Method):
     def new_head(self, train: PairData, voc) -> D2SHead:
         """A fresh head over `voc` for vectors of train's dimension (W2 <- word embeddings); with
         --center mean, the training mean of each modality is stored in it."""
-        head = D2SHead.from_vocab(train.z_img.shape[1], voc, self.training, init_bias=self.cfg.init_bias,
+        head = self.head_class.from_vocab(train.z_img.shape[1], voc, self.training, init_bias=self.cfg.init_bias,
                                   center=self.cfg.center)
         if self.cfg.center == "mean":
             with torch.no_grad():

@@ -1,0 +1,155 @@
+"""Inference-free multimodal sparse retrieval as a Method: D2S's image head and dense teacher,
+with captions encoded by a learned term-weight table instead of a model.
+
+Per batch (the captions' distinct images as candidates, as D2S):
+
+    s_I = head(z_I) [U, |V|]                  D2S eq. 4-5 (the live columns only, exact)
+    q_C = max(0, w) ⊙ 1[t ∈ C] [B, |V|]         the table (queries.py): no model on the query side
+    L   = (1 - λ)[ℓ(I→C) + ℓ(C→I)] + λ·η_t·R(s_I)
+
+ℓ is D2S eq. 7's cross-entropy between the dense teacher softmax(z_Cᵀz_I/τ) and the student
+softmax(q_Cᵀs_I). The sparsity term R sees the images only (FLOPs by default): the queries'
+sparsity is their captions' length. With w initialised from IDF, the student score weights each
+matched term by its rarity, so a FLOPs penalty on the documents removes low-IDF expansion terms
+first: the "IDF-aware FLOPS" of Geng et al. 2024 ("Towards Competitive Search Relevance for
+Inference-Free Learned Sparse Retrievers", arXiv 2411.04403), here with the table learned, as
+sentence-transformers' SparseStaticEmbedding allows (OpenSearch's doc-only encoders freeze it).
+Adopted from that literature: IDF query weights, document-only FLOPs; not adopted: their ℓ0
+relaxation (Shen et al. 2025) and ensemble teachers (one dense teacher here, as D2S).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from ...atomic import kill_point
+from ...errors import InputError
+from ...formats._h5 import read_strings
+from ...formats.sharded import open_read
+from ...metrics.exhaustive import sparse_retrieval_metrics
+from ...progress import reporter
+from ...vocab import indicator_cols
+from ..base import Sparsified
+from ..d2s.loss import eta_at, soft_ce, sparsity
+from ..d2s.method import D2S, encode_sparse
+from ..pairs import PairData
+from .config import InferenceFreeConfig
+from .head import InferenceFreeHead, idf
+from .queries import TermWeightQueryEncoder
+
+
+def encode_table_queries(head: InferenceFreeHead, data: PairData) -> sp.csr_matrix:
+    """The captions of `data` (data.tok: their head columns) as table queries, CSR [N, |V|] float32."""
+    with torch.no_grad():
+        q = head.query_vectors(data.tok.to(head.query_weight.device))
+    return sp.csr_matrix(q.cpu().numpy())
+
+
+def evaluate_head(head: InferenceFreeHead, data: PairData) -> dict:
+    """Caption->image retrieval on a whole split with table queries (exhaustive): R@1/5/10, MRR@10,
+    FLOPs (D2S eq. 1), q_nnz, d_nnz."""
+    head.eval()
+    d = encode_sparse(head, data.z_img, side="image")
+    return sparse_retrieval_metrics(encode_table_queries(head, data), d, data.cap_img.cpu().numpy())
+
+
+class InferenceFree(D2S):
+    """Documents through D2S's head, queries through a term-weight table (module docstring)."""
+
+    name = "inference-free"
+    config_class = InferenceFreeConfig
+    head_class = InferenceFreeHead
+    query_modes = ("inference-free",)
+
+    def setup(self, inputs, progress=None):
+        head, train, val = self.load_data(inputs, progress)
+        if self.cfg.query_init == "idf":
+            head.set_query_weights(idf(train.token_ids, len(head.vocab)))
+        return head, train, val
+
+    def param_groups(self, head) -> list[dict]:
+        """D2S's groups (W1; LayerNorm + W2) and the term-weight table at --query-lr (frozen at 0)."""
+        groups = super().param_groups(head)
+        head.query_weight.requires_grad_(self.cfg.query_lr > 0)
+        if self.cfg.query_lr > 0:   # no weight decay: it would pull rare terms' IDF towards 0
+            groups.append({"params": [head.query_weight], "lr": self.cfg.query_lr, "weight_decay": 0.0})
+        return groups
+
+    def start_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def batches(self, train: PairData, generator, epoch: int):
+        perm = torch.randperm(train.z_cap.shape[0], generator=generator)
+        for b in range(self.steps_per_epoch(train)):
+            yield perm[b * self.cfg.batch_size:(b + 1) * self.cfg.batch_size], train
+
+    def loss(self, head, batch, step, generator, device):
+        """The module docstring's L on one batch: image vectors restricted to the live columns, the
+        captions' table vectors on the same columns, the teacher, the images' sparsity term."""
+        idx, train = batch
+        cfg = self.cfg
+        idx = idx.to(train.z_cap.device)
+        uimg = torch.unique(train.cap_img[idx])
+        zc, zi = train.z_cap[idx], train.z_img[uimg]
+        s_img, cols = head.forward_live(head.centered(zi, "image"))
+        q = indicator_cols(train.tok[idx], cols, len(head.vocab)) * head.query_weight[cols].clamp(min=0)
+        with torch.no_grad():
+            t = (zc @ zi.T) / cfg.temperature
+        s = q @ s_img.T
+        ci, ic = soft_ce(t, s), soft_ce(t.T, s.T)
+        reg = sparsity(s_img, cfg.sparsity_loss)
+        loss = (1.0 - cfg.lam) * (ci + ic) + cfg.lam * eta_at(step, cfg.eta, self.l1_warm) * reg
+        with torch.no_grad():
+            flops = float(((q > 0).float().mean(0) * (s_img > 0).float().mean(0)).sum())
+        return loss, {"ci": float(ci.detach()), "ic": float(ic.detach()), "l1_img": float(reg.detach()), "flops": flops}
+
+    def validate(self, head, val: PairData) -> dict:
+        return {**evaluate_head(head, val), "query_mode": "inference-free"}
+
+    def epoch_figures(self) -> dict:
+        return {}
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+    def epoch_line(self, r: dict) -> str:
+        v = r.get("val") or {}
+        return (f"epoch {r['epoch']}: loss {r['loss']:.3f} batch-FLOPs {r['flops']:.1f}"
+                + (f" | val R@1 {v['R@1']:.4f} R@10 {v['R@10']:.4f} FLOPs {v['FLOPs']:.1f} "
+                   f"terms/img {v['d_nnz']:.0f} terms/cap {v['q_nnz']:.1f}" if v else "") + f" ({r['seconds']:.0f}s)")
+
+    # -- inference ------------------------------------------------------------------------
+    @classmethod
+    def sparsify(cls, head, head_dir, dense, out, mode, options, batch_size, progress):
+        """Images: D2S's head on their dense vectors. Captions: their `texts` through the table
+        (queries.TermWeightQueryEncoder); the caption vectors are never read."""
+        if mode == "doc":
+            return D2S.sparsify(head, head_dir, dense, out, mode, options, batch_size, progress)
+        with open_read(dense) as f:
+            if "texts" not in f:
+                raise InputError(f"{dense}: no 'texts' dataset; an inference-free head encodes captions from "
+                                 "their text (give a captions file with texts, or a text file of queries)")
+            ids = read_strings(f["ids"][:])
+            texts = read_strings(f["texts"][:])
+        return sparsify_texts(head, head_dir, ids, texts, batch_size, progress)
+
+
+def sparsify_texts(head, head_dir, ids: list[str], texts: list[str], batch_size: int = 4096,
+                   progress=None) -> Sparsified:
+    """Query texts -> Sparsified (CSR [N, |V|] float32) through the head's table: the directory's
+    files when `head_dir` is given (no torch needed), else the loaded head."""
+    enc = TermWeightQueryEncoder.load(head_dir) if head_dir is not None else TermWeightQueryEncoder.from_head(head)
+    parts = []
+    with reporter(progress).task("sparsify inference-free", total=len(texts)) as bar:
+        for s in range(0, len(texts), batch_size):
+            parts.append(enc.encode(texts[s:s + batch_size]))
+            bar.advance(len(parts[-1].indptr) - 1)
+            kill_point()
+    m = sp.vstack(parts, format="csr") if parts else sp.csr_matrix((0, enc.vocab_size), dtype=np.float32)
+    return Sparsified(list(ids), m, list(texts), {"query_encoder": "term-weight table (inference-free)"})
+
