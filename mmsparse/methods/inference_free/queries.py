@@ -16,12 +16,15 @@ tokens, truncated to 128 as in training (mmsparse.vocab.caption_token_ids).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import scipy.sparse as sp
 
 from ...errors import InputError
+
+if TYPE_CHECKING:
+    from ..base import Sparsified
 
 MAX_TOKENS = 128   # caption_token_ids' truncation, so queries match what training saw
 QUERY_MODE = "inference-free"   # the query_mode of the sparse files these queries make
