@@ -114,30 +114,43 @@ def _head_attr(head_dir: Path | None) -> str:
 
 
 def _sparsify_texts(head, source: Path, out: Path, query_mode: str | None, ray: str | None, rep) -> Path:
-    """Query texts of `source` (a .tsv, .txt or captions HDF5: formats.queries) through the term-weight
-    table of inference-free `head` (a directory, or a loaded head) into the sparse HDF5 `out`:
-    modality text, query_mode inference-free; an HDF5 source's provenance attributes carried over."""
-    from ..formats.queries import read_query_texts
-    from ..methods.headdir import resolve_head_path
-    from ..methods.inference_free.queries import QUERY_MODE, sparsify_texts
+    """Query texts of `source` through inference-free `head` (table_queries) into the sparse HDF5 `out`."""
+    from ..methods.inference_free.queries import QUERY_MODE
 
     if query_mode not in (None, QUERY_MODE):
         raise InputError(f"--query-mode {query_mode}: an inference-free head takes {QUERY_MODE} queries only")
     if ray is not None:
         raise InputError(f"--ray: {source} holds query texts, encoded here by a table lookup with no model to "
                          "distribute; run without --ray")
-    loaded = not isinstance(head, (str, Path))
-    head_dir = None if loaded else resolve_head_path(head)
-    vocab = head.vocab if loaded else read_head_config(head_dir)[1]
-    ids, texts, src_attrs = read_query_texts(source)
-    res = sparsify_texts(head if loaded else None, head_dir, ids, texts, progress=rep)
-    out_attrs = {"modality": "text", "head": _head_attr(None if loaded else Path(head)), "method": TABLE_METHOD,
-                 "query_mode": QUERY_MODE, "vocab_size": len(vocab), **res.attrs,
-                 **{k: src_attrs[k] for k in KEEP if k in src_attrs}}
-    if src_attrs:
-        out_attrs["dense"] = str(Path(source).resolve())
-    write_sparse(out, res.ids, res.matrix, vocab, out_attrs, res.texts)
-    nnz = np.diff(res.matrix.indptr)
-    rep.log(f"sparsify: {len(res.ids)} text rows of {source} -> {out} ({TABLE_METHOD}: the term-weight table, no "
+    col = table_queries(head, source, rep)
+    write_sparse(out, col.ids, col.matrix, col.vocab, col.attrs, col.texts)
+    nnz = np.diff(col.matrix.indptr)
+    rep.log(f"sparsify: {len(col.ids)} text rows of {source} -> {out} ({TABLE_METHOD}: the term-weight table, no "
             f"model; {nnz.mean() if len(nnz) else 0:.1f} terms/row)")
     return out
+
+
+def table_queries(head, source: str | Path, progress=None):
+    """The query texts of `source` (a .tsv, .txt or captions HDF5: mmsparse.formats.queries)
+    through the term-weight table of the inference-free `head` (a directory or hub id, read
+    without torch; or a loaded head): a SparseCollection (CSR [N, |V|] float32, the head's
+    vocab, the texts) with the attributes sparsify writes: modality text, head, method and
+    query_mode inference-free, query_encoder, vocab_size, plus an HDF5 source's provenance
+    attributes (KEEP) and its path as `dense`. InputError for bad input (formats.queries) or a
+    head without a table."""
+    from ..formats.queries import read_query_texts
+    from ..formats.sparse import SparseCollection
+    from ..methods.headdir import resolve_head_path
+    from ..methods.inference_free.queries import QUERY_MODE, sparsify_texts
+
+    loaded = not isinstance(head, (str, Path))
+    head_dir = None if loaded else resolve_head_path(head)
+    vocab = list(head.vocab) if loaded else read_head_config(head_dir)[1]
+    ids, texts, src_attrs = read_query_texts(source)
+    res = sparsify_texts(head if loaded else None, head_dir, ids, texts, progress=progress)
+    attrs = {"modality": "text", "head": _head_attr(None if loaded else Path(head)), "method": TABLE_METHOD,
+             "query_mode": QUERY_MODE, "vocab_size": len(vocab), **res.attrs,
+             **{k: src_attrs[k] for k in KEEP if k in src_attrs}}
+    if src_attrs:
+        attrs["dense"] = str(Path(source).resolve())
+    return SparseCollection(res.ids, res.matrix, vocab, attrs, res.texts)
