@@ -65,6 +65,8 @@ from ..progress import Reporter, reporter
 
 MAX_QUERY_CHARS = 1000          # longer texts are refused (the backbone truncates at max_length tokens)
 TABLE_METHOD = "inference-free"  # the method whose text queries are a table lookup (TableQueryEncoder)
+NO_IMAGES = ("an inference-free head encodes text queries only (images are its documents); query with text, or "
+             "search these images through an index of a head with an image encoder")
 TEXT_EXTRAS = ("pre_projection", "token_states")
 IMAGE_EXTRAS = ("pre_projection", "patch_states")
 
@@ -438,8 +440,7 @@ class TableQueryEncoder(QueryEncoder):
         head's images are its documents)."""
         texts, images = _check_queries(texts, images)
         if images:
-            raise InputError("an inference-free head encodes text queries only (images are its documents); query "
-                             "with text, or search these images through an index of a head with an image encoder")
+            raise InputError(NO_IMAGES)
         with self.lock:
             matrix = self.table.encode([str(t).strip() for t in texts])
         return Encoded([f"q{i}" for i in range(len(texts))], None, matrix, "text")
@@ -696,6 +697,10 @@ def query(index: str | Path, queries: Sequence[str] = (), *, out: str | Path | N
             raise InputError(f"{p}: query image not found")
     if batch_size < 1:
         raise InputError(f"--batch-size {batch_size}: must be >= 1")
+    if images:
+        o = resolve_origin(index, head, backbone, model)
+        if o.route == "sparse" and o.method == TABLE_METHOD:
+            raise InputError(NO_IMAGES)
     with QueryEngine(index, head=head, backbone=backbone, model=model, device=device, query_mode=query_mode,
                      force=force, encode_threads=threads, progress=progress) as engine:
         rep = reporter(progress)
