@@ -405,6 +405,8 @@ class TableQueryEncoder(QueryEncoder):
     head_path names the head), backbone (None), method, description, load_seconds.
     """
 
+    method = TABLE_METHOD
+
     def __init__(self, head, *, query_mode: str | None = None, lock=None):
         from ..methods.headdir import resolve_head_path
         from ..methods.inference_free.queries import DESCRIPTION, QUERY_MODE, TermWeightQueryEncoder
@@ -425,8 +427,6 @@ class TableQueryEncoder(QueryEncoder):
         self._col = {t: i for i, t in enumerate(self.vocab)}
         self._description = DESCRIPTION
         self.load_seconds = time.perf_counter() - t0
-
-    method = TABLE_METHOD
 
     @property
     def description(self) -> str:

@@ -1,6 +1,7 @@
 """Query text files: what `sparsify` and `search` read as queries when no model encodes them.
 
-Three layouts, told apart by content (HDF5) or else by suffix:
+Three layouts, told apart by content (HDF5) or else by suffix (.h5 / .hdf5: HDF5, whose reader
+then says what is wrong with a damaged file):
   HDF5   a captions file of encode-dense (or a sharded directory of one): its `ids` and `texts`;
          the vectors are never read
   .tsv   `id<TAB>text` per line, the IR convention of queries.tsv (ir_datasets, MS MARCO); the
@@ -19,22 +20,21 @@ from pathlib import Path
 from ..errors import InputError, require_file
 
 TEXT_SUFFIXES = (".tsv", ".txt")
+HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf")
 
 
 def query_file_kind(path: str | Path, what: str = "queries") -> str:
     """"hdf5" (an HDF5 file or a sharded directory), "tsv" or "txt" for the query file `path`.
     InputError when it is missing ("PATH: `what` not found"), or neither HDF5 nor named .tsv / .txt."""
-    from .sharded import MANIFEST
-
     p = Path(path)
-    if p.is_dir() and (p / MANIFEST).is_file():
+    if p.is_dir():   # a sharded output (formats/sharded.py), whose reader refuses an unfinished one
         return "hdf5"
     require_file(p, what)
     import h5py
 
-    if h5py.is_hdf5(p):
-        return "hdf5"
     suffix = p.suffix.lower()
+    if h5py.is_hdf5(p) or suffix in HDF5_SUFFIXES:   # a damaged .h5: the HDF5 reader names what is wrong
+        return "hdf5"
     if suffix in TEXT_SUFFIXES:
         return suffix[1:]
     raise InputError(f"{p}: not an HDF5 file, and its name ends neither in .tsv (id<TAB>text per line) nor .txt "
