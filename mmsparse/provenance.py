@@ -256,8 +256,8 @@ def _local_fingerprint(root: Path) -> str:
 # -- kinds ------------------------------------------------------------------------------------
 
 def detect_kind(path: str | Path) -> str:
-    """What an input is: dense | sparse | hdf5 | head | index | run | qrels | eval | annotations |
-    model | images | dir | file | missing. Cheap: reads attributes and a first line only."""
+    """What an input is: dense | sparse | hdf5 | head | index | run | qrels | queries | eval |
+    annotations | model | images | dir | file | missing. Cheap: reads attributes and a first line only."""
     p = Path(path)
     if not p.exists():
         return "missing"
@@ -302,6 +302,8 @@ def detect_kind(path: str | Path) -> str:
             first = next((ln for ln in f if ln.strip()), "")
     except (OSError, UnicodeDecodeError):
         return "file"
+    if len(first.rstrip("\r\n").split("\t")) == 2:  # id<TAB>text: a queries.tsv (formats/queries.py)
+        return "queries"
     n = len(first.split())
     return "run" if n == 6 else "qrels" if n == 4 else "file"
 
@@ -441,8 +443,8 @@ def chain(path: str | Path, _seen: set | None = None, _depth: int = 0) -> dict:
     for rec in node["inputs"]:
         if not Path(rec["path"]).exists():
             child = {"path": rec["path"], "kind": rec.get("kind", "?"), "parents": [], "inputs": []}
-        elif rec.get("kind") in ("images", "model", "annotations", "dir") or \
-                detect_kind(rec["path"]) in ("images", "model", "annotations", "dir", "file"):
+        elif rec.get("kind") in ("images", "model", "annotations", "dir", "queries") or \
+                detect_kind(rec["path"]) in ("images", "model", "annotations", "dir", "file", "queries"):
             child = {"path": rec["path"], "kind": rec.get("kind") or detect_kind(rec["path"]),
                      "parents": [], "inputs": []}
         else:

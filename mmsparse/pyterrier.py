@@ -11,6 +11,10 @@ over mmsparse index directories, so mmsparse pipelines run inside `pt.Experiment
                   eval_metrics=[R@1, R@10, RR@10], names=["dense", "d2s"], baseline=0,
                   correction="bonferroni")
 
+No model: an inference-free head's queries are its term-weight table, so
+`InferenceFreeQueryEncoder("index/inference-free") >> retriever("index/inference-free")` loads no
+torch, transformers or backbone (SparseQueryEncoder on such an index does the same).
+
 Columns. SparseQueryEncoder: `query` (text) -> `query_toks`, a dict {vocabulary term: weight > 0},
 the learned-sparse query format pyterrier-pisa's PisaRetrieve reads (weights are floats; the
 retriever quantises them). DenseQueryEncoder: `query` -> `query_vec` (np.ndarray [d] float32).
@@ -37,7 +41,7 @@ import numpy as np
 import pandas as pd
 import pyterrier as pt
 
-from .api.querying import QueryEncoder, index_route
+from .api.querying import TABLE_METHOD, QueryEncoder, TableQueryEncoder, index_route, resolve_origin
 from .errors import InputError
 
 
@@ -52,7 +56,8 @@ class SparseQueryEncoder(pt.Transformer):
     query, encoded by QueryEncoder.for_index. source: an index directory (its provenance gives
     head, backbone and model; `head`, `backbone`, `model` override). query_mode, device, force:
     QueryEncoder. batch_size: texts per forward pass (64 = encode-dense's, identical vectors).
-    All queries of a frame are encoded in one call; a blank query gets {} (no results)."""
+    All queries of a frame are encoded in one call; a blank query gets {} (no results). The
+    index of an inference-free head gets its term-weight table (no model; QueryEncoder.for_index)."""
 
     def __init__(self, source: str | Path, *, head=None, backbone: str | None = None, model=None,
                  query_mode: str | None = None, device: str = "cpu", force: bool = False, batch_size: int = 64):
@@ -60,7 +65,7 @@ class SparseQueryEncoder(pt.Transformer):
         self.source, self.batch_size = str(source), batch_size
         self.encoder = QueryEncoder.for_index(source, head=head, backbone=backbone, model=model,
                                               query_mode=query_mode, device=device, force=force)
-        if self.encoder.head is None:
+        if self.encoder.vocab is None:
             raise InputError(f"{source}: a dense index; use DenseQueryEncoder (or pass head=HEAD_DIR)")
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
@@ -80,6 +85,33 @@ class SparseQueryEncoder(pt.Transformer):
 
     def __repr__(self) -> str:
         return f"SparseQueryEncoder({self.source!r})"
+
+
+class InferenceFreeQueryEncoder(SparseQueryEncoder):
+    """`query` (text) -> `query_toks` {term: weight} with the term-weight table of an inference-free
+    head, and no model (api.querying.TableQueryEncoder: the tokenizer and the table only): each
+    text's terms at max(0, w_t), the rows `sparsify` writes for the same texts. source: an index
+    directory (its provenance names the head) or the head itself (a directory or hub id). A blank
+    query gets {} (no results). InputError when the head is of another method."""
+
+    def __init__(self, source: str | Path):
+        pt.Transformer.__init__(self)
+        from .indexes.meta import META_NAME
+        from .methods.headdir import head_method
+
+        self.source, self.batch_size = str(source), 64
+        if (Path(source) / META_NAME).is_file():
+            o = resolve_origin(source)
+            head, method = o.head, o.method
+        else:
+            head, method = source, head_method(source)
+        if method != TABLE_METHOD:
+            raise InputError(f"{source}: a {method or 'dense'} index or head; InferenceFreeQueryEncoder needs an "
+                             "inference-free head (use SparseQueryEncoder, which loads the backbone)")
+        self.encoder = TableQueryEncoder(head)
+
+    def __repr__(self) -> str:
+        return f"InferenceFreeQueryEncoder({self.source!r})"
 
 
 class DenseQueryEncoder(pt.Transformer):

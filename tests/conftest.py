@@ -209,3 +209,21 @@ def write_dense_pair(root: Path, model: Path, n_img: int, split: str = "train", 
     base = dict(backbone="hf-dual", model=str(model), dataset="unit", split=split, normalized=True)
     write_dense(root / f"{split}-images.h5", [f"i{i}" for i in range(n_img)], zi, dict(base, modality="image"))
     write_dense(root / f"{split}-captions.h5", ids, zc, dict(base, modality="text"), texts=texts, image_ids=img)
+
+
+@pytest.fixture(scope="session")
+def inference_free_setup(search_setup) -> dict:
+    """An inference-free head trained on search_setup's encoded train split (its dense files,
+    not encoded again) for 3 epochs with D2S's small-setup flags, the test images sparsified by it
+    and indexed with PISA. Keys: root, dense (search_setup's encode-dense directory), head,
+    sparse_images, pisa, images."""
+    import mmsparse
+
+    s = search_setup
+    root, dense = s["root"] / "inference-free", s["dense"]
+    head = mmsparse.train_head(dense / "train-images.h5", dense / "train-captions.h5", out=root / "head",
+                               method="inference-free", epochs=3, batch_size=128, vocab_min_df=1, eta=0.05,
+                               l1_warmup=4, lr_warmup=0, vocab_lr=1e-3, weight_decay=0.01)
+    docs = mmsparse.sparsify(head, dense / "test-images.h5", out=root / "sparse" / "test-images.h5")
+    return {"root": root, "dense": dense, "head": head, "sparse_images": docs,
+            "pisa": mmsparse.build_index(docs, out=root / "index" / "pisa"), "images": s["images"]}

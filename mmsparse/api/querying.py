@@ -33,6 +33,13 @@ texts and thread count; see QueryEncoder). The hook is called directly rather th
 server answers many). A head that does not take the query's modality (a bm25v head and a text)
 raises the method's own InputError. Dense (Faiss) indexes take the backbone's vectors directly.
 
+An inference-free head (methods/inference_free) needs no model for text: a query is its
+tokens weighted by the head's term-weight table. For such an index the encoder is a
+TableQueryEncoder (`encoder_for` picks it from the head's config.json, read without torch): no
+torch, transformers or backbone is imported, so `mmsparse query` answers in well under a second
+from a cold start, and its rows are those `sparsify` writes for the same texts in a .tsv/.txt
+file (`search` over them ranks the same). Such an index takes no image queries.
+
 Scores are those of `mmsparse search`: the engine's (PISA: quantised, ~ <q, d>), or <q, d>
 for dense indexes. `shared` lists the terms query and document share, with q_t, d_t (the
 document's weight as indexed) and the contribution q_t * d_t, largest first; their sum is the
@@ -57,6 +64,9 @@ from ..errors import InputError
 from ..progress import Reporter, reporter
 
 MAX_QUERY_CHARS = 1000          # longer texts are refused (the backbone truncates at max_length tokens)
+TABLE_METHOD = "inference-free"  # the method whose text queries are a table lookup (TableQueryEncoder)
+NO_IMAGES = ("an inference-free head encodes text queries only (images are its documents); query with text, or "
+             "search these images through an index of a head with an image encoder")
 TEXT_EXTRAS = ("pre_projection", "token_states")
 IMAGE_EXTRAS = ("pre_projection", "patch_states")
 
@@ -68,7 +78,9 @@ class Origin:
     layer, states_dtype: the document files' encode-dense settings), `index_meta` the index's
     mmsparse.json, `sparse_source` / `dense_source` the files it was built from (None when
     unknown or gone), `image_root` the image folder encode-dense read (its image folder input,
-    or the folder of its annotations' images; None when unknown or gone)."""
+    or the folder of its annotations' images; None when unknown or gone), `method` the head's
+    method (read from its config.json without torch; None for dense indexes). An inference-free
+    head's index may record no backbone or model ("" then): its queries need neither."""
 
     route: str
     head: str | None
@@ -79,6 +91,7 @@ class Origin:
     sparse_source: Path | None = None
     dense_source: Path | None = None
     image_root: Path | None = None
+    method: str | None = None
 
 
 def _attrs(path: Path | None) -> dict:
@@ -128,7 +141,7 @@ def resolve_origin(index_dir: str | Path, head: str | Path | None = None, backbo
         dense_source = source if source is not None and source.is_file() else None
         s_attrs = src_attrs
     d_attrs = {**s_attrs, **_attrs(dense_source)}
-    h = None
+    h = method = None
     if route == "sparse":
         h = str(head) if head is not None else (s_attrs.get("head") or None)
         if not h:
@@ -136,18 +149,21 @@ def resolve_origin(index_dir: str | Path, head: str | Path | None = None, backbo
         if head is None and not Path(h).exists():
             raise InputError(f"{index_dir}: the head it was built with ({h}) is not there any more; pass --head "
                              "HEAD_DIR (or a Hugging Face hub id)")
+        from ..methods.headdir import head_method
+
+        method = head_method(h)
     bb = backbone or d_attrs.get("backbone")
     mdl = str(model) if model is not None else d_attrs.get("model")
     if (not bb or not mdl) and h is not None:
         try:
-            from ..methods.head import resolve_head_path, read_head_config
+            from ..methods.headdir import read_head_config, resolve_head_path
 
             cfg, _ = read_head_config(resolve_head_path(h))
             tr = cfg.get("training") or {}
             bb, mdl = bb or tr.get("backbone"), mdl or tr.get("model")
         except InputError:
             pass
-    if not bb or not mdl:
+    if (not bb or not mdl) and method != TABLE_METHOD:
         raise InputError(f"{index_dir}: cannot tell which backbone/model encoded its documents (no 'backbone'/'model' "
                          "in its provenance); pass --backbone NAME --model PATH")
     enc = {}
@@ -157,7 +173,8 @@ def resolve_origin(index_dir: str | Path, head: str | Path | None = None, backbo
         enc["layer"] = int(d_attrs["patch_layer"])
     if d_attrs.get("states_dtype") in ("float16", "float32"):
         enc["states_dtype"] = str(d_attrs["states_dtype"])
-    return Origin(route, h, str(bb), str(mdl), enc, meta, sparse_source, dense_source, _image_root(d_attrs))
+    return Origin(route, h, str(bb or ""), str(mdl or ""), enc, meta, sparse_source, dense_source,
+                  _image_root(d_attrs), method)
 
 
 def _image_root(dense_attrs: dict) -> Path | None:
@@ -179,8 +196,9 @@ def _image_root(dense_attrs: dict) -> Path | None:
 
 @dataclass
 class Encoded:
-    """Encoded queries: `ids` (q0, q1, ...), `vectors` [n, d] float32 (the backbone's),
-    `matrix` CSR [n, |V|] float32 (the head's; None without a head), `modality` text | image."""
+    """Encoded queries: `ids` (q0, q1, ...), `vectors` [n, d] float32 (the backbone's; None
+    from a TableQueryEncoder, which has none), `matrix` CSR [n, |V|] float32 (the head's; None
+    without a head), `modality` text | image."""
 
     ids: list[str]
     vectors: np.ndarray
@@ -202,8 +220,10 @@ class QueryEncoder:
     setting; 1 keeps a busy machine responsive). Vectors are reproducible for the same texts,
     batch_size and threads; the last float bits change with the batch (its padding) and the
     thread count, which can move a quantised query weight by one step.
-    `QueryEncoder.for_index(INDEX)` reads all of this from an index's provenance (resolve_origin).
+    `QueryEncoder.for_index(INDEX)` reads all of this from an index's provenance (resolve_origin),
+    and gives a TableQueryEncoder (no model) for an inference-free head's index.
     Attributes: head (SparseHead or None), vocab (list or None), backbone (a Backbone),
+    method (the head's, or None), description (what encodes the queries, in words),
     load_seconds (wall time of loading, s).
     """
 
@@ -230,15 +250,28 @@ class QueryEncoder:
             kw = {"max_length": self.settings["max_length"]} if "max_length" in self.settings else {}
             cache[key] = load_backbone(backbone, model, device, **kw)
         self.backbone = cache[key]
+        self.backbone_name, self.model = backbone, model
         self.load_seconds = time.perf_counter() - t0
+
+    @property
+    def method(self) -> str | None:
+        """The head's method (None without a head)."""
+        return self.head.method if self.head is not None else None
+
+    @property
+    def description(self) -> str:
+        """What encodes the queries, as the search page says it: "backbone NAME (MODEL) + METHOD head",
+        MODEL the model directory's name (or hub id's)."""
+        return f"backbone {self.backbone_name} ({Path(str(self.model)).name})" + \
+            (f" + {self.method} head" if self.head is not None else "")
 
     @classmethod
     def for_index(cls, index: str | Path, *, head=None, backbone: str | None = None, model=None,
                   sparse: bool = True, **kwargs) -> "QueryEncoder":
-        """The encoder of INDEX's queries (its provenance, `head` / `backbone` / `model` overriding);
-        sparse=False: the backbone only (dense vectors), whatever the index."""
-        o = resolve_origin(index, head, backbone, model)
-        return cls(o.head if sparse and o.route == "sparse" else None, o.backbone, o.model, encode=o.encode, **kwargs)
+        """The encoder of INDEX's queries (its provenance, `head` / `backbone` / `model` overriding;
+        encoder_for: a TableQueryEncoder for an inference-free head); sparse=False: the backbone
+        only (dense vectors), whatever the index."""
+        return encoder_for(resolve_origin(index, head, backbone, model), sparse, **kwargs)
 
     def encode(self, texts: Sequence[str] | None = None, images: Sequence[str | Path] | None = None,
                batch_size: int = 64) -> Encoded:
@@ -251,17 +284,7 @@ class QueryEncoder:
         from ..data.records import CaptionRecord, ImageRecord
         from ..formats.dense import read_dense
 
-        texts, images = list(texts or []), [Path(p) for p in images or []]
-        if bool(texts) == bool(images):
-            raise InputError("give query texts or query images (one kind per call)")
-        for t in texts:
-            if not str(t).strip():
-                raise InputError("an empty query; type some words")
-            if len(str(t)) > MAX_QUERY_CHARS:
-                raise InputError(f"a query of {len(t)} characters; at most {MAX_QUERY_CHARS}")
-        for p in images:
-            if not p.is_file():
-                raise InputError(f"{p}: query image not found")
+        texts, images = _check_queries(texts, images)
         enc = self.settings
         modality = "text" if texts else "image"
         extras = list(TEXT_EXTRAS if texts else IMAGE_EXTRAS) if self.head is not None else []
@@ -321,19 +344,24 @@ class QueryEncoder:
         w = str(word).strip()
         if w in self._col:
             return [self._col[w]]
+        pieces, special = self._pieces(w)
+        missing = [p for p in pieces if p not in self._col or p in special]
+        if not pieces or missing:
+            why = f" (its pieces {', '.join(missing)} are not terms)" if pieces and len(pieces) > 1 else ""
+            raise InputError(f"term {w!r}: not in the head's vocabulary ({len(self.vocab)} terms){why}")
+        return list(dict.fromkeys(self._col[p] for p in pieces))
+
+    def _pieces(self, word: str) -> tuple[list[str], set[str]]:
+        """(the tokenizer's pieces of `word`, the tokenizer's special tokens); ([], set()) without one."""
         tok = self.head.tokenizer
         if tok is None and self.head.config.get("vocab_source"):
             from ..methods.head import require_tokenizer
 
             with contextlib.suppress(InputError):
                 tok = require_tokenizer(self.head, self.head_path or "head")
-        special = set(getattr(tok, "all_special_tokens", []) or []) if tok is not None else set()
-        pieces = tok.tokenize(w) if tok is not None else []
-        missing = [p for p in pieces if p not in self._col or p in special]
-        if not pieces or missing:
-            why = f" (its pieces {', '.join(missing)} are not terms)" if pieces and len(pieces) > 1 else ""
-            raise InputError(f"term {w!r}: not in the head's vocabulary ({len(self.vocab)} terms){why}")
-        return list(dict.fromkeys(self._col[p] for p in pieces))
+        if tok is None:
+            return [], set()
+        return tok.tokenize(word), set(getattr(tok, "all_special_tokens", []) or [])
 
     def edit(self, row, exclude: Sequence[str] = (), add: Sequence[str] = ()):
         """One query row (CSR [1, |V|]) with the terms `exclude` removed and the words `add` added
@@ -362,6 +390,94 @@ class QueryEncoder:
         r = sp.csr_matrix(row)
         order = np.argsort(-r.data, kind="stable")[:k]
         return [{"term": self.vocab[r.indices[j]], "weight": float(r.data[j])} for j in order]
+
+
+class TableQueryEncoder(QueryEncoder):
+    """The queries of an inference-free head, with no model: each text's tokens weighted by the
+    head's term-weight table (methods/inference_free/queries.py, TermWeightQueryEncoder), read
+    from the head directory with the `tokenizers` and safetensors' numpy loaders: no torch,
+    transformers or backbone (module docstring). QueryEncoder's interface: encode (texts only),
+    edit, terms, term_ids; rows equal what `sparsify` writes for the same texts.
+
+    head: a head directory, hub id, or loaded InferenceFreeHead. query_mode: None or
+    "inference-free". lock: a threading.RLock to share (as QueryEncoder).
+    Attributes: table (the TermWeightQueryEncoder), vocab, head (None: no model is loaded;
+    head_path names the head), backbone (None), method, description, load_seconds.
+    """
+
+    method = TABLE_METHOD
+
+    def __init__(self, head, *, query_mode: str | None = None, lock=None):
+        from ..methods.headdir import resolve_head_path
+        from ..methods.inference_free.queries import DESCRIPTION, QUERY_MODE, TermWeightQueryEncoder
+
+        t0 = time.perf_counter()
+        if query_mode not in (None, QUERY_MODE):
+            raise InputError(f"--query-mode {query_mode}: an inference-free head takes {QUERY_MODE} queries only")
+        self.query_mode, self.force, self.threads, self.settings = QUERY_MODE, False, None, {}
+        self.lock = lock if lock is not None else threading.RLock()
+        if isinstance(head, (str, Path)):
+            self.head_path = str(head)
+            self.table = TermWeightQueryEncoder.load(resolve_head_path(head))
+        else:
+            self.head_path = str(getattr(head, "source_dir", "") or "") or None
+            self.table = TermWeightQueryEncoder.from_head(head)
+        self.head, self.backbone, self.backbone_name, self.model = None, None, None, None
+        self.vocab = list(self.table.vocab)
+        self._col = {t: i for i, t in enumerate(self.vocab)}
+        self._description = DESCRIPTION
+        self.load_seconds = time.perf_counter() - t0
+
+    @property
+    def description(self) -> str:
+        return self._description
+
+    def encode(self, texts: Sequence[str] | None = None, images: Sequence[str | Path] | None = None,
+               batch_size: int = 64) -> Encoded:
+        """Query `texts` -> Encoded: ids q0.., vectors None, matrix CSR [n, |V|] float32 (max(0, w_t)
+        on each text's terms), modality text. batch_size is unused (there is no forward pass).
+        InputError for no queries, an empty or over-long text, or images (an inference-free
+        head's images are its documents)."""
+        texts, images = _check_queries(texts, images)
+        if images:
+            raise InputError(NO_IMAGES)
+        with self.lock:
+            matrix = self.table.encode([str(t).strip() for t in texts])
+        return Encoded([f"q{i}" for i in range(len(texts))], None, matrix, "text")
+
+    def _pieces(self, word: str) -> tuple[list[str], set[str]]:
+        tok = self.table.tokenizer
+        special = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
+        return tok.encode(word, add_special_tokens=False).tokens, special
+
+
+def encoder_for(origin: Origin, sparse: bool = True, **kwargs) -> QueryEncoder:
+    """The encoder of the queries of the index `origin` describes (resolve_origin): the term-weight
+    table of an inference-free head (TableQueryEncoder: no model), else QueryEncoder with the
+    backbone and head (sparse=False: the backbone only, for dense vectors). kwargs: QueryEncoder's
+    keywords (device, query_mode, force, backbones, lock, threads); the table takes query_mode and
+    lock, and needs none of the others."""
+    if sparse and origin.route == "sparse" and origin.method == TABLE_METHOD:
+        return TableQueryEncoder(origin.head, query_mode=kwargs.get("query_mode"), lock=kwargs.get("lock"))
+    return QueryEncoder(origin.head if sparse and origin.route == "sparse" else None, origin.backbone, origin.model,
+                        encode=origin.encode, **kwargs)
+
+
+def _check_queries(texts, images) -> tuple[list[str], list[Path]]:
+    """(texts, image paths) after the checks every encoder makes: one kind, at least one, no
+    empty or over-long text (MAX_QUERY_CHARS), every image a file. InputError otherwise."""
+    texts, images = list(texts or []), [Path(p) for p in images or []]
+    if bool(texts) == bool(images):
+        raise InputError("give query texts or query images (one kind per call)")
+    for t in texts:
+        if not str(t).strip():
+            raise InputError("an empty query; type some words")
+        if len(str(t)) > MAX_QUERY_CHARS:
+            raise InputError(f"a query of {len(t)} characters; at most {MAX_QUERY_CHARS}")
+    for p in images:
+        if not p.is_file():
+            raise InputError(f"{p}: query image not found")
+    return texts, images
 
 
 def _scratch() -> str | None:
@@ -395,10 +511,12 @@ class QueryEngine:
 
     index: an index directory (PISA, Seismic, Faiss or Milvus). head / backbone / model override
     the provenance (resolve_origin); device, query_mode, force, backbones, lock: QueryEncoder;
-    encode_threads: its `threads`. threads: search threads.
-    Attributes: origin (Origin), kind, route (sparse | dense), encoder (QueryEncoder), head and
-    vocab (the encoder's; None for a dense index), backbone, load_seconds (loading backbone,
-    head and index, s).
+    encode_threads: its `threads`. threads: search threads. An inference-free head's index loads
+    no model: its encoder is a TableQueryEncoder (encoder_for).
+    Attributes: origin (Origin), kind, route (sparse | dense), encoder (QueryEncoder or
+    TableQueryEncoder), head and vocab (the encoder's; None for a dense index; head also None
+    for a table), backbone (None for a table), method (the head's), load_seconds (loading
+    backbone, head and index, s).
     """
 
     def __init__(self, index: str | Path, *, head: str | Path | None = None, backbone: str | None = None,
@@ -412,11 +530,11 @@ class QueryEngine:
         self.index_dir = Path(index)
         self.origin = o = resolve_origin(index, head, backbone, model)
         self.kind, self.route = o.index_meta["kind"], o.route
-        self.encoder = QueryEncoder(o.head if o.route == "sparse" else None, o.backbone, o.model, device=device,
-                                    query_mode=query_mode, force=force, encode=o.encode, backbones=backbones,
-                                    lock=lock, threads=encode_threads)
+        self.encoder = encoder_for(o, device=device, query_mode=query_mode, force=force, backbones=backbones,
+                                   lock=lock, threads=encode_threads)
         self._lock = self.encoder.lock
         self.head, self.vocab, self.backbone = self.encoder.head, self.encoder.vocab, self.encoder.backbone
+        self.method = self.encoder.method
         self.searcher = open_index(index, threads=threads)
         self._docs = None
         if self.route == "sparse":
@@ -429,8 +547,9 @@ class QueryEngine:
                 raise InputError(f"{index}: its vocabulary ({len(idx_vocab)} terms) is not the head's ({len(self.vocab)} "
                                  f"terms, {o.head}); pass the --head the index was built with")
         self.load_seconds = time.perf_counter() - t0
-        rep.log(f"query: loaded {o.backbone} {o.model}" + (f", head {o.head}" if self.head is not None else "")
-                + f" and {self.kind} index {index} in {self.load_seconds:.1f} s")
+        what = (f"the term-weight table of head {o.head} (inference-free: no model)" if self.backbone is None else
+                f"{o.backbone} {o.model}" + (f", head {o.head}" if self.head is not None else ""))
+        rep.log(f"query: loaded {what} and {self.kind} index {index} in {self.load_seconds:.1f} s")
 
     # -- lifetime -----------------------------------------------------------------------------
     def close(self) -> None:
@@ -578,13 +697,17 @@ def query(index: str | Path, queries: Sequence[str] = (), *, out: str | Path | N
             raise InputError(f"{p}: query image not found")
     if batch_size < 1:
         raise InputError(f"--batch-size {batch_size}: must be >= 1")
+    if images:
+        o = resolve_origin(index, head, backbone, model)
+        if o.route == "sparse" and o.method == TABLE_METHOD:
+            raise InputError(NO_IMAGES)
     with QueryEngine(index, head=head, backbone=backbone, model=model, device=device, query_mode=query_mode,
                      force=force, encode_threads=threads, progress=progress) as engine:
         rep = reporter(progress)
         t0 = time.perf_counter()
         res = engine.run(texts or None, images or None, k=k, exclude=exclude, add=add, batch_size=batch_size)
         rep.log(f"query: {len(res)} quer{'y' if len(res) == 1 else 'ies'} in {time.perf_counter() - t0:.2f} s "
-                f"(model loaded in {engine.load_seconds:.1f} s)")
+                f"({'model' if engine.backbone is not None else 'table'} loaded in {engine.load_seconds:.1f} s)")
     if out is not None:
         write_text_atomic(out, json.dumps(res, indent=2, ensure_ascii=False) + "\n")
     return res

@@ -1,4 +1,8 @@
-"""`search`: top-k retrieval of a query file against an index directory, written as a TREC run."""
+"""`search`: top-k retrieval of a query file against an index directory, written as a TREC run.
+
+Query files are sparse or dense HDF5; for the index of an inference-free head also query text
+(.tsv id<TAB>text, .txt one per line: mmsparse.formats.queries), encoded on the fly by the
+head's term-weight table, with no model: the rows `sparsify` writes for the same file."""
 
 from __future__ import annotations
 
@@ -26,9 +30,15 @@ def search(index_dir: str | Path, queries: str | Path, *, out: str | Path, k: in
            rrf_k: int = 60, sparse_weight: float = 0.5, dense_weight: float = 0.5,
            milvus_drop_ratio_search: float = 0.0, token: str = "", timeout: float = 30.0,
            exclude_self: bool = False, rerank_dense: Sequence[str | Path] | None = None, rerank_k: int = 100,
-           progress: Reporter | None = None) -> Path:
+           head: str | Path | None = None, progress: Reporter | None = None) -> Path:
     """Search `queries` (sparse or dense HDF5) against `index_dir` and write the top `k` per query
     to the TREC run `out` (plus its provenance sidecar OUT.meta.json); returns `out`.
+
+    Text queries: for an index whose documents an inference-free head made (PISA, Seismic, or
+    Milvus with a sparse field), `queries` may be a .tsv (id<TAB>text) or .txt (one per line,
+    ids = line numbers) file, encoded by that head's term-weight table (the head the index's
+    provenance records, or `head`), no model loaded; they rank as `sparsify` + `search` of the
+    same file. Other indexes refuse text (encode it with encode-dense + sparsify).
 
     Scores are inner products: sparse <q, d> = sum_t q_t d_t (PISA: from integer-quantised
     weights divided back by the scales; Seismic, Milvus: float weights) or dense <q, d>.
@@ -49,13 +59,21 @@ def search(index_dir: str | Path, queries: str | Path, *, out: str | Path, k: in
     Queries with empty sparse vectors get no results and are counted in the summary. Raises
     InputError for bad input or options (nothing is written then).
     """
+    from ..formats.queries import query_file_kind
     from ..indexes.meta import SPARSE_KINDS, hdf5_format, read_meta
 
     rep = reporter(progress)
     index_dir, queries, out = Path(index_dir), Path(queries), Path(out)
     meta = read_meta(index_dir)
     kind = meta["kind"]
-    fmt = hdf5_format(queries, "query HDF5")
+    text = None   # text queries, encoded by the head's table (a SparseCollection)
+    if query_file_kind(queries, "query file") == "hdf5":
+        if head is not None:
+            raise InputError("--head applies to text QUERIES (.tsv or .txt, encoded by an inference-free head's "
+                             f"table); {queries} is HDF5")
+        fmt = hdf5_format(queries, "query HDF5")
+    else:
+        text, fmt = _text_queries(index_dir, queries, head, rep), "sparse"
     if mode not in MODES:
         raise InputError(f"--mode {mode!r} unknown; choose single or two-stage (pisa, seismic, faiss), or sparse, "
                          "dense or hybrid (milvus)")
@@ -88,7 +106,8 @@ def search(index_dir: str | Path, queries: str | Path, *, out: str | Path, k: in
         raise InputError(f"{out}: is a directory; --out must be a file path")
     dense_file = (dense_queries or queries) if route in ("dense", "hybrid") else None
     q_attrs = _check_queries(queries if route != "dense" else dense_file, first_stage, index_dir, meta, force,
-                             same_modality_ok=exclude_self, dense_file=dense_file if route == "hybrid" else None)
+                             same_modality_ok=exclude_self, dense_file=dense_file if route == "hybrid" else None,
+                             attrs=text.attrs if text is not None and route != "dense" else None)
 
     from ..formats.trec import write_run
     from ..indexes import bm25, open_index
@@ -109,7 +128,7 @@ def search(index_dir: str | Path, queries: str | Path, *, out: str | Path, k: in
             stack.callback(searcher.close)
         qmat = probe = vectors = None
         if route in ("sparse", "hybrid"):
-            qids, qmat = _sparse_queries(queries, searcher, index_dir)
+            qids, qmat = _sparse_queries(queries, searcher, index_dir, text)
             qmat = bm25.query_matrix(meta, qmat)  # binary query terms on a BM25-weighted index
             if mode == "two-stage":
                 probe = _prune(_align(first_stage, qids, searcher, index_dir), query_top_n, min_weight)
@@ -206,23 +225,25 @@ def _milvus_route(mode: str, fmt: str, queries: Path, dense_queries, index_dir: 
 
 
 def _check_queries(queries: Path, first_stage: Path | None, index_dir: Path, meta: dict, force: bool,
-                   same_modality_ok: bool = False, dense_file: Path | None = None) -> dict:
-    """Compatibility of the query file(s) with the index, from their recorded attributes.
-    Returns the query attributes the run sidecar records."""
+                   same_modality_ok: bool = False, dense_file: Path | None = None, attrs: dict | None = None) -> dict:
+    """Compatibility of the query file(s) with the index, from their recorded attributes
+    (`attrs`: those of `queries` when they were encoded here, from text). Returns the query
+    attributes the run sidecar records."""
     from ..checks import check_compatible, check_cross_modal
     from ..formats._h5 import attrs_dict
     from ..formats.sharded import open_read
 
     out = {}
-    files = [(queries, "source_attrs")]
+    files = [(queries, "source_attrs", attrs)]
     if first_stage is not None:
-        files.append((first_stage, "source_attrs"))
+        files.append((first_stage, "source_attrs", None))
     if dense_file is not None:
-        files.append((dense_file, "dense_source_attrs"))
-    for path, key in files:
+        files.append((dense_file, "dense_source_attrs", None))
+    for path, key, a in files:
         docs = meta.get(key) or meta.get("source_attrs", {})
-        with open_read(path) as f:  # a file or a sharded directory (formats/sharded.py)
-            a = attrs_dict(f)
+        if a is None:
+            with open_read(path) as f:  # a file or a sharded directory (formats/sharded.py)
+                a = attrs_dict(f)
         if not same_modality_ok:  # --exclude-self: queries are the collection's own items
             check_cross_modal(a, docs, path, f"index {index_dir}", force)
         check_compatible(a, docs, MATCH_KEYS, str(path), f"index {index_dir} (documents)",
@@ -246,11 +267,12 @@ def _ranked(batch, qids: list[str], ids: list[str] | None, batch_size: int, task
         task.update(completed=e)
 
 
-def _sparse_queries(path: Path, searcher, index_dir: Path):
-    """(ids, CSR [nq, |V|] float32) of a sparse query file; InputError if its vocab is not the index's."""
+def _sparse_queries(path: Path, searcher, index_dir: Path, col=None):
+    """(ids, CSR [nq, |V|] float32) of a sparse query file (or of `col`, a SparseCollection of
+    it encoded here); InputError if its vocab is not the index's."""
     from ..formats.sparse import read_sparse
 
-    col = read_sparse(path)
+    col = col if col is not None else read_sparse(path)
     if searcher.kind == "milvus":
         from ..indexes.milvus import vocab_sha256
 
@@ -263,6 +285,23 @@ def _sparse_queries(path: Path, searcher, index_dir: Path):
                          f"{index_dir} ({n_index} terms); use queries and documents from "
                          "heads with the same vocabulary")
     return col.ids, col.matrix
+
+
+def _text_queries(index_dir: Path, queries: Path, head, rep):
+    """The .tsv/.txt file `queries` encoded by the term-weight table of the inference-free head of
+    `index_dir` (its provenance; `head` overrides): a SparseCollection (sparsification.table_queries).
+    InputError for a dense index or a head of another method, which need a model for text."""
+    from .querying import TABLE_METHOD, resolve_origin
+    from .sparsification import table_queries
+
+    o = resolve_origin(index_dir, head)
+    if o.route != "sparse" or o.method != TABLE_METHOD:
+        what = f"a {o.method} head ({o.head})" if o.route == "sparse" else "dense vectors"
+        raise InputError(f"{queries}: query text, but {index_dir} holds documents of {what}, whose queries need a "
+                         f"model: encode them with `mmsparse encode-dense {queries}` (then `mmsparse sparsify` for a "
+                         "sparse index); only an inference-free head's index takes text")
+    provenance.add_inputs([(o.head, "head")])
+    return table_queries(o.head, queries, rep)
 
 
 def _dense_queries(path: Path, qids: list[str] | None, searcher, index_dir: Path):

@@ -1,6 +1,6 @@
 """`mmsparse query`: type a query, see the images. The text (or an image) is encoded with the
-backbone and head the index was built from and searched; the work is done by
-mmsparse.api.querying; this module parses and prints.
+backbone and head the index was built from (an inference-free head: its term-weight table, no
+model) and searched; the work is done by mmsparse.api.querying; this module parses and prints.
 """
 
 from __future__ import annotations
@@ -59,7 +59,9 @@ def main(
 
     Loading the backbone, head and index takes about 10 s (the Flickr8k dual encoder and D2S
     head on a shared 2-core CPU, no GPU), then about 0.3 s per text query; for many queries
-    use one call (QUERIES, --file or stdin) or `mmsparse serve`.
+    use one call (QUERIES, --file or stdin) or `mmsparse serve`. An inference-free head's index
+    loads no model: a text query is its tokens weighted by the head's term-weight table, and
+    the whole command answers in under a second (it takes no --image).
     """
     from ..api.querying import query
     from ..cli_ui import RichReporter

@@ -14,7 +14,9 @@ PISA, SEISMIC, FAISS, MILVUS, TWO, BM25V = ("PISA options", "Seismic options", "
 def main(
     index_dir: Path = typer.Argument(..., help="Index directory made by `mmsparse index`."),
     queries: Path = typer.Argument(..., help="Query HDF5: sparse for a PISA/Seismic index, dense for Faiss; "
-                                   "either for Milvus."),
+                                   "either for Milvus. For the index of an inference-free head also query text, "
+                                   "encoded on the fly by the head's term-weight table (no model): a .tsv "
+                                   "(id<TAB>text per line) or .txt (one query per line, ids = line numbers)."),
     out: Path = typer.Option(..., "-o", "--out", help="TREC run file to write."),
     k: int = typer.Option(1000, "--k", min=1, help="Results per query."),
     threads: int = typer.Option(1, min=1, help="Search threads (PISA, Seismic, Faiss)."),
@@ -80,12 +82,16 @@ def main(
                                                       rich_help_panel=BM25V),
     rerank_k: int = typer.Option(100, "--rerank-k", min=1, help="--rerank-dense: first-stage candidates per query "
                                  "reranked (K; the paper uses 100 and 200).", rich_help_panel=BM25V),
+    head: Optional[str] = typer.Option(None, "--head", help="Text QUERIES only: the inference-free head whose "
+                                       "term-weight table encodes them (default: the head the index's documents "
+                                       "were sparsified with, from its provenance)."),
 ) -> None:
     """Search QUERIES against INDEX_DIR and write the top-k per query as a TREC run.
 
     Scores are inner products: sparse <q, d> (PISA: from integer-quantised weights, divided back
     by the scales) or dense <q, d>; Milvus hybrid: the fused score. Queries with empty sparse
-    vectors get no results and are counted in the summary.
+    vectors get no results and are counted in the summary. Query text (.tsv/.txt) needs the
+    index of an inference-free head; no model is loaded for it.
     """
     from ..api.retrieval import search
     from ..cli_ui import RichReporter
@@ -96,4 +102,4 @@ def main(
            query_cut=query_cut, ef_search=ef_search, dense_queries=dense_queries, fusion=fusion, rrf_k=rrf_k,
            sparse_weight=sparse_weight, dense_weight=dense_weight,
            milvus_drop_ratio_search=milvus_drop_ratio_search, token=token, timeout=timeout, exclude_self=exclude_self,
-           rerank_dense=rerank_dense, rerank_k=rerank_k, progress=RichReporter())
+           rerank_dense=rerank_dense, rerank_k=rerank_k, head=head, progress=RichReporter())

@@ -48,7 +48,9 @@ def main(
 
     JSON API: GET /search?q=...&k=10&mode=sparse|dense (&exclude=TERM&add=WORD), GET /image/{id},
     GET /info; the OpenAPI page is /docs. The model loads once at startup (about 10 s for the
-    Flickr8k dual encoder and a D2S head on a shared 2-core CPU). Stop with Ctrl-C.
+    Flickr8k dual encoder and a D2S head on a shared 2-core CPU); an inference-free head's index
+    loads none (its queries are the head's term-weight table; the page says which encoder
+    answers). Stop with Ctrl-C.
     """
     from ..cli_ui import RichReporter, stderr_console
     from ..serve import create_app, run_server

@@ -1,4 +1,5 @@
-"""`mmsparse sparsify`: dense HDF5 -> sparse HDF5 through a trained head (mmsparse.api.sparsification).
+"""`mmsparse sparsify`: dense HDF5 -> sparse HDF5 through a trained head (mmsparse.api.sparsification);
+query text -> sparse HDF5 through an inference-free head's term-weight table.
 
 The head's method decides how rows become terms; each method's own options (its config's
 `sparsify_options`) appear in their own --help panel.
@@ -38,7 +39,10 @@ def _method_params() -> list[inspect.Parameter]:
 def _build():
     base = [
         ("head_dir", Path, typer.Argument(..., help="Head directory written by `mmsparse train-head`.")),
-        ("dense", Path, typer.Argument(..., help="Dense HDF5 of images or captions (from `mmsparse encode-dense`).")),
+        ("dense", Path, typer.Argument(..., help="Dense HDF5 of images or captions (from `mmsparse encode-dense`). "
+                                       "An inference-free head also reads query text, with no model: a .tsv "
+                                       "(id<TAB>text per line), a .txt (one query per line, ids = line numbers) or "
+                                       "a captions HDF5 (only its ids and texts are read).")),
         ("out", Path, typer.Option(..., "-o", "--out", help="Sparse HDF5 to write (atomically).")),
         ("query_mode", Optional[str], typer.Option(None, "--query-mode", help="Captions only. d2s/joint heads: expand "
                                                    "(default; the full head output) or caption-terms (only the "
@@ -68,7 +72,8 @@ def _build():
               for n, t, d in base] + _method_params()
 
     def main(**kw) -> None:
-        """Project dense vectors onto the head's vocabulary and write them as a sparse HDF5 file."""
+        """Project dense vectors onto the head's vocabulary and write them as a sparse HDF5 file
+        (an inference-free head: query text through its term-weight table, no model)."""
         from ..api.sparsification import sparsify
         from ..cli_ui import RichReporter
 

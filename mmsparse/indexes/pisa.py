@@ -1,5 +1,10 @@
 """PISA inverted index over a sparse HDF5 collection, via pyterrier-pisa (no JVM needed).
 
+Building goes through pyterrier-pisa's PisaIndex / PisaRetrieve; searching calls its C++
+extension `_pisathon` (PISA itself) directly, loaded without the pyterrier_pisa package
+(`pisa_native`), whose __init__ imports pyterrier, pandas and ir_datasets: 0.9 s that a one-query
+`mmsparse query` would otherwise spend before PISA answers in a millisecond.
+
 Layout of INDEX_DIR:
   mmsparse.json   metadata (meta.py) incl. quantisation scale and PISA settings
   forward.h5      the document vectors as indexed (sparse HDF5: ids, CSR float32, vocab);
@@ -22,6 +27,7 @@ retrieval score, e.g. SPLADE/D2S), up to rounding. Postings that round to 0 are 
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -80,6 +86,35 @@ def row_scales(m: sp.csr_matrix, bits: int) -> np.ndarray:
         return np.where(mx > 0, (2 ** bits - 1) / np.where(mx > 0, mx, 1), 0.0)
 
 
+def pisa_native():
+    """pyterrier-pisa's C++ extension module `_pisathon` (RetrievalContext, prepare_index,
+    retrieve, ...), loaded from the installed package's folder without running the package's
+    __init__ (module docstring). Registered in sys.modules under its own name, so a later
+    `import pyterrier_pisa` reuses it: an extension module is initialised once per process.
+    InputError when pyterrier-pisa is not installed."""
+    import importlib.machinery
+    import importlib.util
+
+    name = "pyterrier_pisa._pisathon"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec("pyterrier_pisa")   # finds the package; does not import it
+    if spec is None or not spec.submodule_search_locations:
+        raise InputError("PISA indexes need pyterrier-pisa; install it (pip install pyterrier-pisa)")
+    for folder in spec.submodule_search_locations:
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = Path(folder) / f"_pisathon{suffix}"
+            if path.is_file():
+                ext = importlib.util.spec_from_file_location(name, path)
+                module = importlib.util.module_from_spec(ext)   # runs the extension's init
+                sys.modules[name] = module
+                ext.loader.exec_module(module)
+                return module
+    from pyterrier_pisa import _pisathon   # another layout: through the package after all
+
+    return _pisathon
+
+
 def write_pisa_collection(pdir: Path, qm: sp.csr_matrix) -> None:
     """Write PISA's uncompressed binary collection for integer weights `qm` into `pdir`.
 
@@ -91,8 +126,7 @@ def write_pisa_collection(pdir: Path, qm: sp.csr_matrix) -> None:
     """
     import json
 
-    from pyterrier_pisa import _pisathon
-
+    _pisathon = pisa_native()
     pdir.mkdir(parents=True, exist_ok=True)
     n = qm.shape[0]
     csc = qm.tocsc()
@@ -252,38 +286,33 @@ class PisaSearcher:
         self.scale = float(self.meta["quantization"]["scale"])
         self._tokens = np.array([term_token(j) for j in range(len(self.vocab))], dtype=object)
         self._forward: sp.csr_matrix | None = None
-        _setup_logging()
-        from pyterrier_pisa import PisaIndex, PisaRetrieve
+        self._pisa = pisa_native()
+        self._context = None
 
-        self._index = PisaIndex(str(self.dir / PISA_DIR), stemmer="none", stops="none",
-                                index_encoding=st["index_encoding"], threads=threads)
-        self._retrievers: dict[int, object] = {}
-        self._PisaRetrieve = PisaRetrieve
-
-    def _retriever(self, k: int):
-        if k not in self._retrievers:
+    def _ctxt(self):
+        """PISA's retrieval context over the index (what PisaRetrieve prepares: the quantized scorer,
+        no stemmer, no stopwords, the index's block size), made on first use; k is per call."""
+        if self._context is None:
+            st = self.meta["settings"]
+            ctx = self._pisa.RetrievalContext()
             with quiet_fds():
-                self._retrievers[k] = self._PisaRetrieve(
-                    self._index, "quantized", num_results=k, threads=self.threads, stops="none",
-                    toks_scale=1.0, query_algorithm=_CONTEXT_ALGORITHM,
-                    block_size=self.meta["settings"]["block_size"])
-        return self._retrievers[k]
+                self._pisa.prepare_index(ctx, str(self.dir / PISA_DIR), st["index_encoding"], "quantized", "",
+                                         quantize=0, stop_fname="", block_size=st["block_size"])
+            self._context = ctx
+        return self._context
 
     def _run(self, items: list, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """PISA over items [(query index, {token: integer weight})]: (qidx, doc row, int score).
 
-        Calls pyterrier-pisa's extension directly (what PisaRetrieve.transform does, minus the
-        DataFrame round trips, which cost more than a small query itself).
+        Calls PISA's extension as PisaRetrieve.transform does, minus the DataFrame round trips
+        (they cost more than a small query itself) and the pyterrier import.
         """
-        from pyterrier_pisa import _pisathon
-
-        r = self._retriever(k)
         n = len(items) * k
         qidx, docnos = np.empty(n, dtype=np.int32), np.empty(n, dtype=object)
         ranks, scores = np.empty(n, dtype=np.int32), np.empty(n, dtype=np.float32)
-        size = _pisathon.retrieve(r._ctxt, self.query_algorithm, items, k=k, threads=self.threads,
-                                  query_weighted=1, pretokenised=True, result_qidxs=qidx,
-                                  result_docnos=docnos, result_ranks=ranks, result_scores=scores)
+        size = self._pisa.retrieve(self._ctxt(), self.query_algorithm, items, k=k, threads=self.threads,
+                                   query_weighted=1, pretokenised=True, result_qidxs=qidx,
+                                   result_docnos=docnos, result_ranks=ranks, result_scores=scores)
         docs = np.fromiter(map(int, docnos[:size]), dtype=np.int64, count=size)
         return qidx[:size], docs, scores[:size].astype(np.float64)
 

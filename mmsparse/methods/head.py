@@ -30,6 +30,7 @@ from torch import nn
 
 from ..atomic import atomic_path
 from ..errors import InputError, require_dir
+from .headdir import CARD, HEAD_FILES, read_head_config, resolve_head_path  # noqa: F401 (re-exported)
 
 
 class SparseHead(nn.Module):
@@ -128,21 +129,6 @@ class SparseHead(nn.Module):
                                       commit_message=commit_message, create_pr=create_pr)
 
 
-def read_head_config(path: str | Path) -> tuple[dict, list[str]]:
-    """(config dict, vocab list) of a head directory, without loading weights. InputError when
-    a file is missing or config.json is not JSON."""
-    p = require_dir(path, "head")
-    for name in ("config.json", "model.safetensors", "vocab.txt"):
-        if not (p / name).is_file():
-            raise InputError(f"{p}: not a head directory (no {name}); train one with `mmsparse train-head`")
-    try:
-        cfg = json.loads((p / "config.json").read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise InputError(f"{p}/config.json: invalid JSON ({e})") from None
-    vocab = (p / "vocab.txt").read_text(encoding="utf-8").split("\n")[: cfg.get("vocab_size", 0)]
-    return cfg, vocab
-
-
 def load_head(path: str | Path, map_location: str = "cpu") -> SparseHead:
     """Any method's head from its directory (the method named in config.json), in eval mode."""
     return SparseHead.from_pretrained(path, map_location)
@@ -163,34 +149,6 @@ def require_tokenizer(head: SparseHead, head_dir: str | Path):
 
 
 # -- Hugging Face hub and the model card -----------------------------------------------------
-
-CARD = "README.md"
-HEAD_FILES = ["config.json", "model.safetensors", "vocab.txt", "tokenizer/*", CARD]
-_HUB_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
-
-
-def resolve_head_path(path: str | Path, *, revision: str | None = None, cache_dir: str | Path | None = None,
-                      token: str | bool | None = None) -> Path:
-    """A local head directory: `path` itself when it exists; else, for a hub id "user/name", the
-    snapshot huggingface_hub.snapshot_download(repo_id, revision=..., cache_dir=..., token=...,
-    allow_patterns=HEAD_FILES) returns (from the hub cache when HF_HUB_OFFLINE=1). Raises
-    InputError when `path` is neither an existing directory nor a fetchable hub id."""
-    import re
-
-    p = Path(path)
-    if p.exists() or not re.match(_HUB_ID, str(path)) or str(path).startswith("."):
-        return p
-    try:
-        from huggingface_hub import snapshot_download
-
-        local = snapshot_download(str(path), repo_type="model", revision=revision, cache_dir=cache_dir, token=token,
-                                  allow_patterns=HEAD_FILES, library_name="mmsparse")
-    except Exception as e:  # noqa: BLE001 — offline, not found, gated, network: one message
-        raise InputError(f"{path}: not a local head directory, and the Hugging Face hub repository {path!r} could not "
-                         f"be fetched ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); check the "
-                         "path or id, your network, or HF_HUB_OFFLINE") from None
-    return Path(local)
-
 
 def push_folder(head_dir: str | Path, dest: str | Path) -> Path:
     """A copy of head directory `head_dir` at `dest` with a model card README.md (kept when it has

@@ -15,7 +15,9 @@ Errors are JSON {"error": message, "status": code} with that HTTP status (400 ba
 unknown image or route, 422 a parameter out of bounds, 500 internal).
 
 The models and indexes load once, in create_app; requests share them under one lock (a CPU
-runs one query at a time anyway). Encoded query texts are cached (least recently used,
+runs one query at a time anyway). An inference-free head's index loads no model at all: its
+queries are the head's term-weight table (api/querying.py TableQueryEncoder); /info and the
+page say which query encoder answers. Encoded query texts are cached (least recently used,
 `cache_size` texts), so dropping or adding a term re-searches without re-encoding.
 """
 
@@ -149,13 +151,14 @@ def create_app(index: str | Path, *, dense_index: str | Path | None = None, imag
 
     @app.get("/info", response_model=HealthInfo, summary="What is served")
     def info():
-        """The indexes served, their sizes, the head, backbone and model, and the request limits."""
+        """The indexes served, their sizes, the head, backbone and model, what encodes their queries
+        (query_encoder; model_loaded false for an inference-free head's table), and the request limits."""
         def one(e):
             n = e.origin.index_meta.get("num_docs")
             return {"index": str(e.index_dir), "kind": e.kind, "documents": int(n) if n is not None else None,
-                    "head": e.origin.head, "method": e.head.method if e.head is not None else None,
-                    "vocab_size": len(e.vocab) if e.vocab is not None else None,
-                    "backbone": e.origin.backbone, "model": e.origin.model, "load_seconds": round(e.load_seconds, 2)}
+                    "head": e.origin.head, "method": e.method, "vocab_size": len(e.vocab) if e.vocab is not None else None,
+                    "backbone": e.origin.backbone, "model": e.origin.model, "query_encoder": e.encoder.description,
+                    "model_loaded": e.backbone is not None, "load_seconds": round(e.load_seconds, 2)}
         return {"modes": list(engines), "default_mode": main.route, "indexes": {m: one(e) for m, e in engines.items()},
                 "max_k": max_k, "max_query_chars": max_query_chars, "images": root is not None}
 

@@ -58,8 +58,11 @@ class IndexInfo(BaseModel):
     head: Optional[str]
     method: Optional[str]
     vocab_size: Optional[int]
-    backbone: str
+    backbone: str = Field(description="The backbone of the documents' vectors ('' when not recorded)")
     model: str
+    query_encoder: str = Field(description="What encodes a query: 'backbone NAME (MODEL) + METHOD head', or "
+                               "'term-weight table (inference-free, no model)'")
+    model_loaded: bool = Field(description="Whether a model was loaded to encode queries (false for a table)")
     load_seconds: float
 
 

@@ -20,24 +20,20 @@ relaxation (Shen et al. 2025) and ensemble teachers (one dense teacher here, as 
 
 from __future__ import annotations
 
-import numpy as np
 import scipy.sparse as sp
 import torch
 
-from ...atomic import kill_point
 from ...errors import InputError
 from ...formats._h5 import read_strings
 from ...formats.sharded import open_read
 from ...metrics.exhaustive import sparse_retrieval_metrics
-from ...progress import reporter
 from ...vocab import indicator_cols
-from ..base import Sparsified
 from ..d2s.loss import eta_at, soft_ce, sparsity
 from ..d2s.method import D2S, encode_sparse
 from ..pairs import PairData
 from .config import InferenceFreeConfig
 from .head import InferenceFreeHead, idf
-from .queries import TermWeightQueryEncoder
+from .queries import sparsify_texts
 
 
 def encode_table_queries(head: InferenceFreeHead, data: PairData) -> sp.csr_matrix:
@@ -137,19 +133,4 @@ class InferenceFree(D2S):
             ids = read_strings(f["ids"][:])
             texts = read_strings(f["texts"][:])
         return sparsify_texts(head, head_dir, ids, texts, batch_size, progress)
-
-
-def sparsify_texts(head, head_dir, ids: list[str], texts: list[str], batch_size: int = 4096,
-                   progress=None) -> Sparsified:
-    """Query texts -> Sparsified (CSR [N, |V|] float32) through the head's table: the directory's
-    files when `head_dir` is given (no torch needed), else the loaded head."""
-    enc = TermWeightQueryEncoder.load(head_dir) if head_dir is not None else TermWeightQueryEncoder.from_head(head)
-    parts = []
-    with reporter(progress).task("sparsify inference-free", total=len(texts)) as bar:
-        for s in range(0, len(texts), batch_size):
-            parts.append(enc.encode(texts[s:s + batch_size]))
-            bar.advance(len(parts[-1].indptr) - 1)
-            kill_point()
-    m = sp.vstack(parts, format="csr") if parts else sp.csr_matrix((0, enc.vocab_size), dtype=np.float32)
-    return Sparsified(list(ids), m, list(texts), {"query_encoder": "term-weight table (inference-free)"})
 

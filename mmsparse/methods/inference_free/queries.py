@@ -16,14 +16,19 @@ tokens, truncated to 128 as in training (mmsparse.vocab.caption_token_ids).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import scipy.sparse as sp
 
 from ...errors import InputError
 
+if TYPE_CHECKING:
+    from ..base import Sparsified
+
 MAX_TOKENS = 128   # caption_token_ids' truncation, so queries match what training saw
+QUERY_MODE = "inference-free"   # the query_mode of the sparse files these queries make
+DESCRIPTION = "term-weight table (inference-free, no model)"   # how the queries were encoded, as shown
 
 
 class TermWeightQueryEncoder:
@@ -107,3 +112,24 @@ class TermWeightQueryEncoder:
         w = self.weights[c]
         order = np.argsort(-w, kind="stable")
         return [(self.vocab[c[i]], float(w[i])) for i in order if w[i] > 0]
+
+
+def sparsify_texts(head, head_dir, ids: list[str], texts: list[str], batch_size: int = 4096,
+                   progress=None) -> Sparsified:
+    """Query texts -> Sparsified (CSR [N, |V|] float32) through the head's table: the directory's
+    files when `head_dir` is given (no torch needed), else the loaded head. batch_size: texts per
+    progress step (a kill point between steps)."""
+    from ...atomic import kill_point
+    from ...progress import reporter
+    from ..base import Sparsified
+
+    enc = TermWeightQueryEncoder.load(head_dir) if head_dir is not None else TermWeightQueryEncoder.from_head(head)
+    parts = []
+    with reporter(progress).task("sparsify inference-free", total=len(texts)) as bar:
+        for s in range(0, len(texts), batch_size):
+            parts.append(enc.encode(texts[s:s + batch_size]))
+            bar.advance(len(parts[-1].indptr) - 1)
+            kill_point()
+    m = sp.vstack(parts, format="csr") if parts else sp.csr_matrix((0, enc.vocab_size), dtype=np.float32)
+    return Sparsified(list(ids), m, list(texts), {"query_encoder": DESCRIPTION})
+

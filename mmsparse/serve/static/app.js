@@ -167,7 +167,9 @@ async function start() {
     $("q").maxLength = info.max_query_chars;
     const main = info.indexes[info.default_mode];
     $("info").textContent = `${main.documents} images · ${main.kind}` +
-      (main.method ? ` · ${main.method} head, ${main.vocab_size} terms` : "") + ` · ${main.backbone}`;
+      (main.method ? ` · ${main.method} head, ${main.vocab_size} terms` : "") +
+      ` · query encoder: ${main.query_encoder}`;
+    $("info").dataset.modelLoaded = String(main.model_loaded);
     for (const m of info.modes) $(m + "-col").hidden = false;
     for (const opt of $("k").options) if (Number(opt.value) > info.max_k) opt.disabled = true;
   } catch (e) {
