@@ -244,12 +244,32 @@ def _dense_rows(sc: Scale, q: dict) -> tuple[list[dict], dict]:
 
 
 def _sparse_rows(sc: Scale, q: dict) -> tuple[list[dict], dict]:
+    import gc
+
     from ...indexes.pisa import PisaSearcher
     from ...indexes.seismic import SeismicSearcher
 
     texts, n = q["texts"], len(sc.sample)
+    unknown = [m for m in q["modes"] if m not in ENCODERS]
+    if unknown:
+        raise InputError(f"head {sc.head}: no end-to-end encoder for query mode {unknown[0]!r} "
+                         f"(known: {', '.join(ENCODERS)})")
+    # every mode's encoder, its queries and their exact ranking first, then the documents' CSR
+    # matrix is freed before the indexes open (peak memory: the larger of the two, not their sum)
     D, doc_ids, _ = _sparse_docs(sc)
     inv, df = D.T.tocsr(), np.bincount(D.indices, minlength=D.shape[1])
+    modes = {}
+    for mode in q["modes"]:
+        t0 = time.perf_counter()
+        encode = ENCODERS[mode](sc, mode)
+        load_s = round(time.perf_counter() - t0, 2)
+        Q = _csr([encode(t) for t in texts], D.shape[1])    # untimed: the reference's queries
+        modes[mode] = (encode, exact_sparse(D, Q, K, inv=inv),
+                       dict(query_mode=mode, endtoend=True, encoder_load_s=load_s,
+                            file_match=file_match(Q, q["q"][mode]), postings_per_query=postings_per_query(df, Q)))
+    ndocs = D.shape[0]
+    del D, inv, Q
+    gc.collect()
     saved = saved_rows(sc, skip=("endtoend",))
     build, (qc, hf, nk), s_why = _seismic_choice(sc, saved)
     pd, pmeta, _ = pisa_default_build(sc)
@@ -257,17 +277,8 @@ def _sparse_rows(sc: Scale, q: dict) -> tuple[list[dict], dict]:
     ps = PisaSearcher(pd, threads=1)
     ss = SeismicSearcher(sd, threads=1, query_cut=qc, heap_factor=hf, n_knn=nk)
     out = []
-    for mode in q["modes"]:
-        if mode not in ENCODERS:
-            raise InputError(f"head {sc.head}: no end-to-end encoder for query mode {mode!r} "
-                             f"(known: {', '.join(ENCODERS)})")
-        t0 = time.perf_counter()
-        encode = ENCODERS[mode](sc, mode)
-        load_s = round(time.perf_counter() - t0, 2)
-        Q = _csr([encode(t) for t in texts], D.shape[1])    # untimed: the reference's queries
-        rows = Rows(sc, q, doc_ids, D.shape[0], exact_sparse(D, Q, K, inv=inv))
-        common = dict(query_mode=mode, endtoend=True, encoder_load_s=load_s, file_match=file_match(Q, q["q"][mode]),
-                      postings_per_query=postings_per_query(df, Q))
+    for mode, (encode, exact, common) in modes.items():
+        rows = Rows(sc, q, doc_ids, ndocs, exact)
         algo, p_why = _pisa_choice(sc, saved, mode)
         ps.query_algorithm = algo
         for engine, search, label, extra in (
