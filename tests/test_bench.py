@@ -114,6 +114,10 @@ def test_view_mixture_recovers_a_known_mixture():
     # each mean averages ~6 views of spread sigma_j: RMS error ~ sqrt(mean sigma^2 / 6) = 0.05
     assert np.sqrt(((mix.means - mu[mix.images]) ** 2).mean()) < 0.08
     kinds, x = next(mix.sample(5000, seed=3))
+    # a draw is the same whatever the sample's size and start (chunk-seeded stream)
+    whole = np.concatenate([v for _, v in mix.sample(20, seed=2, chunk=4)])
+    part = np.concatenate([v for _, v in mix.sample(9, seed=2, start=5, chunk=4)])
+    np.testing.assert_array_equal(part, whole[5:14])
     assert x.shape == (5000, d) and np.allclose(np.linalg.norm(x, axis=1), 1, atol=1e-5)
     assert kinds.mean() == pytest.approx(0.25, abs=0.03)
     # spread: cosine of a single-view sample to its nearest image mean matches the real views'
@@ -127,8 +131,9 @@ def test_view_mixture_recovers_a_known_mixture():
 
 def test_collections_drop_views_of_the_originals(tmp_path):
     """write_collections: no view showing an original (single or either collage part) enters the
-    collections or the mixture fit; a second view set tops up to max_views in file order; the 1m
-    collection is the base rows + mixture draws; another recipe rebuilds."""
+    collections or the mixture fit; a second view set tops up to max_views in file order; 123k is
+    filled to its size with mixture draws and 1m continues the same draws; the check sample has as
+    many draws as real views; another recipe rebuilds."""
     from mmsparse.bench.collection import write_collections
     from mmsparse.formats.dense import DenseWriter, read_dense
 
@@ -163,19 +168,32 @@ def test_collections_drop_views_of_the_originals(tmp_path):
     clean0 = [x for x in all_ids if not any(p in names[:5] for p in x.split("#")[0].split("+"))]
     # 30 x 4 views; the 20 singles+collage of im0..im4 and im29's collage with im0 show a test image
     assert len(clean0) == 120 - 21
+    # 5 originals + 110 real views + 20 draws = size 135; 1m adds 40 more draws of the same stream
     paths = write_collections([tmp_path / "v0.h5", tmp_path / "v1.h5"], tmp_path / "orig.h5", tmp_path / "c",
-                              mixture=40, check=10, max_views=110, log=lambda *x: None)
+                              size=135, mixture=40, max_views=110, log=lambda *x: None)
     c = read_dense(paths["123k"])
-    assert c.ids == names[:5] + clean0 + top_ids[:110 - len(clean0)]
+    assert c.ids[:115] == names[:5] + clean0 + top_ids[:110 - len(clean0)]
+    assert c.ids[115:] == [f"mix{i:07d}" for i in range(20)]
     big = read_dense(paths["1m"])
-    assert big.ids[:115] == c.ids and len(big.ids) == 155 and all(x.startswith("mix") for x in big.ids[115:])
+    assert big.ids[:135] == c.ids and big.ids[135:] == [f"mix{i:07d}" for i in range(20, 60)]
+    np.testing.assert_array_equal(big.vectors[:135], c.vectors)  # the same draws, continued
+    chk = read_dense(paths["check"])
+    assert len(chk.ids) == 110 and chk.ids[0] == "chk0000000"  # as many draws as real views, another seed
+    assert (np.abs(chk.vectors[:20] - c.vectors[115:]).max(axis=1) > 1e-3).all()
+    want = {"123k": {"originals": 5, "views": 110, "draws": 20, "docs": 135},
+            "1m": {"originals": 5, "views": 110, "draws": 60, "docs": 175},
+            "mixture-check": {"originals": 0, "views": 0, "draws": 110, "docs": 110}}
+    assert paths["counts"] == want and json.loads((tmp_path / "c" / "collections.json").read_text())["counts"] == want
+    assert read_dense(paths["123k"]).attrs["bench_views"] == 110
     mix = ViewMixture.load(tmp_path / "c" / "mixture.npz")
     assert not set(mix.images.tolist()) & set(range(5))  # no test image has a mean in the model
     assert (unit(big.vectors[115:]) @ mu[:5].T).max() < 0.9  # no mixture draw lands on a test image
-    # another max_views: rebuilt, not kept
+    # a size that leaves room for 50 views only: the first 50 kept views, no draws; rebuilt, not kept
     paths = write_collections([tmp_path / "v0.h5", tmp_path / "v1.h5"], tmp_path / "orig.h5", tmp_path / "c",
-                              mixture=40, check=10, max_views=50, log=lambda *x: None)
-    assert len(read_dense(paths["123k"]).ids) == 55
+                              size=55, mixture=40, check=0, log=lambda *x: None)
+    assert read_dense(paths["123k"]).ids == names[:5] + clean0[:50]
+    assert paths["counts"]["1m"]["draws"] == 40 and not (tmp_path / "c" / "mixture-check.dense.h5").exists()
+    assert "mixture-check" not in paths["counts"]
 
 
 def test_views_of_real_images(tmp_path, flickr8k_dir, dual_encoder_dir):
@@ -332,6 +350,8 @@ def test_faiss_flat_exact_and_hnsw_recall(tmp_path):
 # ---------------------------------------------------------------- the harness end to end
 
 def tiny_workspace(root, rng, n_docs=150, n_q=40):
+    """Two heads over one dense workspace: d2s (documents, expanded and caption-term queries) and
+    if (its own documents, inference-free queries: short rows, as a term-weight table makes)."""
     from mmsparse.formats.trec import write_qrels
     from mmsparse.indexes.rescore import prune_rows
 
@@ -345,12 +365,19 @@ def tiny_workspace(root, rng, n_docs=150, n_q=40):
     qc = prune_rows(q, top_n=4)
     write_sparse(sd / "test-captions.caption-terms.h5", qids, qc, vocab,
                  {**a, "modality": "text", "query_mode": "caption-terms"})
+    fd, fq = zipf_csr(rng, n_docs, 30, 80, hub=5), zipf_csr(rng, n_q, 4, 12)
+    write_sparse(root / "sparse" / "if" / "test-images.h5", dids, fd, vocab,
+                 {**a, "modality": "image", "query_mode": "doc"})
+    # the query file in another row order than the dense captions: the harness aligns by id
+    order = rng.permutation(n_q)
+    write_sparse(root / "sparse" / "if" / "test-captions.inference-free.h5", [qids[i] for i in order], fq[order],
+                 vocab, {**a, "modality": "text", "query_mode": "inference-free"})
     da = {"backbone": "hf-dual", "model": "m", "dataset": "tiny", "split": "test", "normalized": True}
     xd, xq = unit(rng.normal(size=(n_docs, 8)).astype(np.float32)), unit(rng.normal(size=(n_q, 8)).astype(np.float32))
     write_dense(dd / "test-images.h5", dids, xd, {**da, "modality": "image"})
     write_dense(dd / "test-captions.h5", qids, xq, {**da, "modality": "text"})
     write_qrels(dd / "test.qrels", {c: {f"img{i % n_docs}": 1} for i, c in enumerate(qids)})
-    return docs, q, qc, xd, xq
+    return docs, q, qc, xd, xq, fd, fq
 
 
 def test_bench_harness_small(tmp_path):
@@ -360,12 +387,13 @@ def test_bench_harness_small(tmp_path):
     from mmsparse.bench.search import main
 
     rng = np.random.default_rng(1)
-    docs, q, qc, xd, xq = tiny_workspace(tmp_path, rng)
+    docs, q, qc, xd, xq, fd, fq = tiny_workspace(tmp_path, rng)
     main(["--work", str(tmp_path), "--scales", "synthetic-300", "--jobs", "exhaustive,pisa,faiss-flat,faiss-hnsw",
           "--queries", "*:15", "--warmup", "2", "--ef-search", "16", "--candidates", "100", "--query-top-n", "5",
           "--query-min-weight", "0.2", "--query-bits", "6", "--prune-algorithms", "maxscore",
           "--pisa-algorithms", "block_max_wand", "--build-threads", "1", "--dense-synthetic", "gaussian"])
-    main(["--work", str(tmp_path), "--scales", "flickr8k", "--ks", "10,100",
+    main(["--work", str(tmp_path), "--heads", "d2s,if", "--scales", "flickr8k", "--ks", "10,100",
+          "--jobs", "exhaustive,pisa,pisa-levers,seismic,seismic-levers,faiss-flat,faiss-hnsw",
           "--queries", "flickr8k:25", "--warmup", "2", "--ef-search", "16,128", "--candidates", "20,1000",
           "--query-top-n", "5", "--query-min-weight", "0.2", "--query-bits", "6", "--prune-algorithms",
           "maxscore", "--pisa-algorithms", "block_max_wand,ranked_or_taat", "--seismic-cuts", "10",
@@ -373,16 +401,17 @@ def test_bench_harness_small(tmp_path):
           "--build-threads", "1", "--lever-scales", "flickr8k", "--pisa-levers", "bits=6",
           "--lever-algorithms", "maxscore", "--seismic-levers", "knn=5", "--lever-seismic-cuts", "10",
           "--seismic-n-knn", "5"])
-    out = tmp_path / "bench" / "d2s"
-    rows = json.loads((out / "search.json").read_text())
-    got = {(r["scale"], r["engine"], r["mode"], r["k"]): r for r in rows}
+    bench = tmp_path / "bench"
+    out = bench / "d2s"
+    rows = json.loads((bench / "search.json").read_text())
+    got = {(r["scale"], r["engine"], r["mode"], r["k"]): r for r in rows if r["head"] in ("d2s", None)}
     sample = np.load(out / "flickr8k" / "exact-sparse.npz")["sample"]
     assert len(sample) == 25 and all(r["queries"] == 25 for r in rows if r["scale"] == "flickr8k")
     # the sparse reference is numpy's exact top-100 of the sampled queries
     ex = np.load(out / "flickr8k" / "exact-sparse.npz")["rows"]
     want, s = brute_sparse(docs, q[sample], 100)
     assert all(np.array_equal(e[e >= 0], w) for e, w in zip(ex, want))
-    exd = np.load(out / "flickr8k" / "exact-dense-real.npz")["rows"]
+    exd = np.load(bench / "dense" / "flickr8k" / "exact-dense-real.npz")["rows"]
     assert all(np.array_equal(e[:10], w) for e, w in zip(exd, exact_dense_np(xd, xq[sample], 10)))
     # two-stage c=1000 (> N) re-ranks exactly every document sharing a caption term
     exp = []
@@ -406,10 +435,25 @@ def test_bench_harness_small(tmp_path):
     assert got[("flickr8k", "pisa", "exp block_max_wand", 10)]["overlap@10"] >= 0.95  # exact up to 8-bit quantisation
     assert got[("flickr8k", "pisa", "exp block_max_wand", 10)]["build_rss_mb"] > 0
     assert got[("synthetic-300", "pisa", "exp block_max_wand", 10)]["R@10"] is None
-    meta = json.loads((out / "search.meta.json").read_text())
-    assert meta["jobs"]["flickr8k"]["exhaustive"]["stats"]["docs"] == 150
-    assert (out / "frontier.png").stat().st_size > 0 and (out / "frontier-synthetic.png").stat().st_size > 0
-    assert "| engine |" in (out / "search.md").read_text()
+    meta = json.loads((bench / "search.meta.json").read_text())
+    assert meta["jobs"]["flickr8k"]["d2s/exhaustive"]["stats"]["docs"] == 150
+    assert (bench / "frontier.png").stat().st_size > 0 and (bench / "frontier-synthetic.png").stat().st_size > 0
+    assert "| head | engine |" in (bench / "search.md").read_text()
+    # the inference-free head: its own reference (its queries, aligned by id, against its documents)
+    ifr = {(r["engine"], r["mode"], r["k"]): r for r in rows if r["head"] == "if" and r["scale"] == "flickr8k"}
+    pos = {c: i for i, c in enumerate(f"cap{i}" for i in range(40))}  # the dense captions' order
+    want_if, _ = brute_sparse(fd, fq[[pos[f"cap{i}"] for i in sample]], 100)
+    ex_if = np.load(bench / "if" / "flickr8k" / "exact-sparse.npz")["rows"]
+    assert all(np.array_equal(e[e >= 0], w) for e, w in zip(ex_if, want_if))
+    assert {r["query_mode"] for r in ifr.values()} == {"inference-free"}
+    assert ifr[("exhaustive", "if (scipy)", 10)]["overlap@10"] == 1.0
+    assert ifr[("pisa", "if block_max_wand", 10)]["overlap@10"] >= 0.95
+    hit = [f"img{int(i) % 150}" in {f"img{r}" for r in w[:10]} for i, w in zip(sample, want_if)]
+    assert ifr[("exhaustive", "if (scipy)", 10)]["R@10"] == pytest.approx(100 * np.mean(hit), abs=0.01)
+    assert not [key for key in ifr if key[0] == "two-stage" or key[1].startswith("no-exp")]  # D2S's modes only
+    assert ("pisa", "no-exp ranked_or_taat", 100) in {k[1:] for k in got}  # every algorithm on caption terms
+    assert {r["head"] for r in rows if r["engine"] == "faiss-hnsw"} == {None}  # the dense jobs ran once
+    assert "| if | pisa | if block_max_wand |" in (bench / "search.md").read_text()
     # the collection rewritten since (each document's weights on the next document's terms reversed
     # in order: a different collection with the same ids) is indexed anew, not served by the old index
     src = tmp_path / "sparse" / "d2s" / "test-images.h5"
@@ -418,12 +462,15 @@ def test_bench_harness_small(tmp_path):
     main(["--work", str(tmp_path), "--scales", "flickr8k", "--ks", "10", "--queries", "flickr8k:25",
           "--warmup", "2", "--jobs", "exhaustive,pisa", "--pisa-algorithms", "block_max_wand", "--query-top-n", "5",
           "--query-min-weight", "0.2", "--query-bits", "6", "--candidates", "20", "--build-threads", "1"])
-    rows = json.loads((out / "search.json").read_text())
-    again = {(r["scale"], r["engine"], r["mode"], r["k"]): r for r in rows}
-    assert again[("flickr8k", "pisa", "exp block_max_wand", 10)]["overlap@10"] >= 0.95
-    # rows of jobs measured on the old documents are left out of the table, not mixed in
-    assert not [key for key in again if key[0] == "flickr8k" and key[1] in ("seismic", "faiss-hnsw")]
-    assert again[("synthetic-300", "faiss-hnsw", "ef=16 [gaussian]", 10)]  # a scale not re-run keeps its rows
+    rows = json.loads((bench / "search.json").read_text())
+    again = {(r["scale"], r["head"], r["engine"], r["mode"], r["k"]): r for r in rows}
+    assert again[("flickr8k", "d2s", "pisa", "exp block_max_wand", 10)]["overlap@10"] >= 0.95
+    # rows of d2s jobs measured on its old documents are left out of the table, not mixed in; the
+    # dense side and the other head, whose documents did not change, keep theirs
+    assert not [key for key in again if key[:3] == ("flickr8k", "d2s", "seismic")]
+    assert again[("flickr8k", None, "faiss-hnsw", "ef=16", 10)]
+    assert again[("flickr8k", "if", "seismic", "qc=10 hf=0.7", 10)]
+    assert again[("synthetic-300", None, "faiss-hnsw", "ef=16 [gaussian]", 10)]  # a scale not re-run keeps its rows
 
 
 def test_bench_milvus_job(tmp_path):
@@ -433,11 +480,11 @@ def test_bench_milvus_job(tmp_path):
     from mmsparse.bench.search import main
 
     rng = np.random.default_rng(3)
-    docs, q, qc, xd, xq = tiny_workspace(tmp_path, rng, n_docs=120, n_q=20)
+    docs, q, qc, xd, xq, _, _ = tiny_workspace(tmp_path, rng, n_docs=120, n_q=20)
     main(["--work", str(tmp_path), "--scales", "flickr8k", "--ks", "10", "--queries", "flickr8k:20",
           "--warmup", "2", "--jobs", "exhaustive,faiss-flat,milvus", "--ef-search", "64", "--build-threads", "1"])
     out = tmp_path / "bench" / "d2s"
-    got = {(r["engine"], r["mode"]): r for r in json.loads((out / "search.json").read_text())}
+    got = {(r["engine"], r["mode"]): r for r in json.loads((tmp_path / "bench" / "search.json").read_text())}
     sample = np.load(out / "flickr8k" / "exact-sparse.npz")["sample"]
     want, _ = brute_sparse(docs, q[sample], 10)
     # overlap@10 of the Lite rows is computed by the harness; check it against numpy's exact lists
@@ -447,6 +494,91 @@ def test_bench_milvus_job(tmp_path):
     assert sp_row["R@10"] == pytest.approx(100 * np.mean(hit), abs=0.01)
     assert got[("milvus-dense", "Lite HNSW ef=64")]["overlap@10"] >= 0.9
     assert sp_row["bytes_per_doc"] > 0 and sp_row["p50_ms"] > 0
+
+
+def test_endtoend_real_heads(tmp_path, search_setup):
+    """The end-to-end job on real text: search_setup's 100 Flickr8k test images, 500 captions, the
+    real dual encoder and its D2S head, plus an inference-free head trained here for one epoch.
+    Rows for dense, D2S expanded, D2S caption terms and inference-free queries; the encoders make
+    the queries the search-only jobs read (file_match); the encoder's time is in every row; the
+    inference-free path never imports torch; its PISA rankings are the search-only ones."""
+    pytest.importorskip("seismic")
+    import mmsparse
+    from mmsparse.bench.search import main
+
+    dense, work = search_setup["dense"], tmp_path / "work"
+    (work / "dense").mkdir(parents=True)
+    (work / "dense" / "hf-dual").symlink_to(dense)
+    (work / "heads").mkdir()
+    (work / "heads" / "d2s").symlink_to(search_setup["head"])
+    mmsparse.train_head(dense / "train-images.h5", dense / "train-captions.h5", out=work / "heads" / "if",
+                        method="inference-free", epochs=1, batch_size=128, vocab_min_df=1, lr_warmup=0,
+                        vocab_lr=1e-3, weight_decay=0.01, eta=0.05, l1_warmup=4)
+    for h, modes in (("d2s", ("expand", "caption-terms")), ("if", ("inference-free",))):
+        mmsparse.sparsify(work / "heads" / h, dense / "test-images.h5", out=work / "sparse" / h / "test-images.h5")
+        for m in modes:
+            mmsparse.sparsify(work / "heads" / h, dense / "test-captions.h5", query_mode=m,
+                              out=work / "sparse" / h / f"test-captions.{m}.h5")
+    main(["--work", str(work), "--heads", "d2s,if", "--scales", "flickr8k", "--ks", "10", "--queries", "flickr8k:30",
+          "--warmup", "3", "--jobs", "exhaustive,pisa,seismic,faiss-flat,faiss-hnsw,endtoend",
+          "--pisa-algorithms", "maxscore,block_max_wand", "--query-top-n", "", "--query-min-weight", "",
+          "--query-bits", "", "--candidates", "", "--seismic-cuts", "3,20", "--seismic-heaps", "0.9",
+          "--seismic-at-k", "", "--seismic-build", "*:n_postings=200", "--ef-search", "16,64", "--build-threads", "1"])
+    rows = json.loads((work / "bench" / "search.json").read_text())
+    e2e = {(r["query_mode"], r["engine"]): r for r in rows if r.get("endtoend")}
+    assert set(e2e) == {("dense", "faiss-hnsw"), ("expand", "pisa"), ("expand", "seismic"), ("caption-terms", "pisa"),
+                        ("caption-terms", "seismic"), ("inference-free", "pisa"), ("inference-free", "seismic")}
+    for key, r in e2e.items():
+        assert r["queries"] == 30 and r["k"] == 10 and r["docs"] == 100, key
+        assert 0 < r["encode_p50_ms"] and 0 < r["search_p50_ms"] and r["p50_ms"] <= r["p90_ms"] <= r["p99_ms"], key
+        assert r["encode_mean_ms"] + r["search_mean_ms"] == pytest.approx(r["mean_ms"], abs=2e-3), key
+        assert r["qps_1t"] == pytest.approx(1000 / r["mean_ms"], rel=0.01), key
+        assert r["torch_loaded"] == (key[0] != "inference-free"), key  # no torch in the inference-free process
+    # the text tower costs milliseconds, the table lookup does not
+    assert e2e[("inference-free", "pisa")]["encode_p50_ms"] < e2e[("dense", "faiss-hnsw")]["encode_p50_ms"] / 5
+    assert e2e[("inference-free", "pisa")]["file_match"] == 1.0  # the table encodes exactly as sparsify does
+    assert e2e[("caption-terms", "pisa")]["file_match"] >= 0.9 and e2e[("expand", "pisa")]["file_match"] >= 0.9
+    assert e2e[("dense", "faiss-hnsw")]["file_match"] >= 0.9
+    for mode in ("expand", "caption-terms", "inference-free"):  # PISA is exact up to 8-bit quantisation
+        assert e2e[(mode, "pisa")]["overlap@10"] >= 0.9, mode
+    # the same queries and index as the search-only row of the chosen algorithm: the same rankings
+    so = {(r["head"], r["mode"]): r for r in rows if not r.get("endtoend") and r["k"] == 10}
+    r = e2e[("inference-free", "pisa")]
+    fast = min(("maxscore", "block_max_wand"), key=lambda a: so[("if", f"if {a}")]["p50_ms"])
+    assert r["algorithm"] == fast and r["choice"].startswith("pisa job's fastest")
+    assert r["R@10"] == so[("if", f"if {fast}")]["R@10"] and r["overlap@10"] == so[("if", f"if {fast}")]["overlap@10"]
+    ok = [x for x in so.values() if x["head"] == "if" and x["engine"] == "seismic" and x["overlap@10"] >= 0.95]
+    assert e2e[("inference-free", "seismic")]["choice"].startswith("seismic job's fastest" if ok else "default")
+    md = (work / "bench" / "search.md").read_text()
+    assert "## end to end" in md and "| inference-free | if | pisa |" in md
+
+
+def test_goals_of_issue_25():
+    """goals(): the end-to-end bounds (p50, overlap, speedup over dense) and the search-only ratio
+    at 1M on expanded or inference-free rows only, each met or not by hand-made rows."""
+    from mmsparse.bench.search import goals
+
+    def row(scale, mode, engine, p50, ov, e2e=False, head="if"):
+        return {"scale": scale, "k": 10, "head": None if mode == "dense" else head, "query_mode": mode,
+                "engine": engine, "mode": "m", "p50_ms": p50, "overlap@10": ov, "R@10": 1.0, "endtoend": e2e}
+    rows = [row("123k", "dense", "faiss-hnsw", 9.0, 0.98, True), row("123k", "inference-free", "pisa", 0.8, 0.99, True),
+            row("123k", "inference-free", "seismic", 0.3, 0.90, True),      # faster, but below the overlap
+            row("1m", "dense", "faiss-hnsw", 9.5, 0.98, True), row("1m", "inference-free", "seismic", 3.2, 0.96, True),
+            row("1m", "dense", "faiss-hnsw", 0.3, 0.97), row("1m", "expand", "seismic", 1.0, 0.95, head="d2s"),
+            row("1m", "caption-terms", "pisa", 0.1, 0.99, head="d2s"),      # not a query type of the goal
+            row("1m", "inference-free", "pisa", 0.95, 0.99)]
+    g = goals(rows)
+    e = g["endtoend_123k"]
+    assert e["inference_free"]["engine"] == "pisa" and e["speedup_vs_dense"] == 11.2 and e["met"] is True
+    assert g["endtoend_1m"]["met"] is False                                 # 3.2 ms > 3 ms
+    s = g["search_1m"]
+    assert (s["sparse"]["head"], s["sparse"]["query_mode"]) == ("if", "inference-free")
+    assert (s["ratio_p50"], s["met"]) == (3.17, False)
+    assert s["by_head"]["d2s"]["p50_ms"] == 1.0
+    slow_dense = goals([dict(r, p50_ms=5.0) if r["query_mode"] == "dense" else r for r in rows])
+    assert slow_dense["endtoend_123k"]["met"] is False                      # 0.8 ms but only 6x faster
+    assert goals([r for r in rows if r["overlap@10"] < 0.95])["endtoend_123k"]["met"] is False
+    assert goals([])["endtoend_123k"].get("met") is None and goals([])["search_123k"]["sparse"] is None
 
 
 def exact_dense_np(x, qv, k):

@@ -1,40 +1,49 @@
-# bench.mk — the search and train-head benchmarks (issues 17, 20; docs/search-benchmark.md).
+# bench.mk — the search and train-head benchmarks (issues 17, 20, 25; docs/search-benchmark.md).
 # Included by the Makefile (needs WORK, DATA, MODEL, HEAD, BACKBONE, DENSE_DIR, EVAL_SPLIT, the stages).
 # Not part of `all`. Heavy: run them under the shared CPU lock on a shared machine.
 #
 #   make bench-views       $(BENCH)/views/$(BACKBONE)/views.h5: BENCH_VIEWS augmented views (crops, flips,
-#                          colour jitter, two-image collages) of all 8,091 images, encoded by the real dual
-#                          encoder; head-independent and resumable (shard by shard; ~25 min on 2 idle cores);
-#                          and topup/views.h5: BENCH_VIEWS_TOPUP more views (seed 1) of the non-test images only
-#   make bench-collections the dense collections (head-independent): $(BENCH)/collections/123k.dense.h5
-#                          (test images + the first BENCH_VIEWS views that show no test image: views of a
-#                          test image would be near-duplicates of the relevant documents), 1m.dense.h5
-#                          (+ BENCH_MIXTURE documents of the view mixture model, fitted to those views only),
-#                          mixture-check.dense.h5, mixture.npz
-#   make bench-figures     $(BENCH)/$(HEAD)/collections/figures.json (+ .md): terms per document, posting
-#                          lengths, FLOPs, most common term of the test set, 123k, the views alone, the
-#                          mixture check sample and 1m, all sparsified by HEAD
-#   make bench-search      the search benchmark on HEAD: $(BENCH)/$(HEAD)/search.json (+ .md, .meta.json)
-#                          and frontier.png, copied to $(BENCH)/frontier.png; `make bench-search HEAD=name`
-#                          re-runs everything head-dependent for another head (sparse files by the stages,
-#                          the view collections by `mmsparse sparsify` below); indexes are kept and reused
+#                          colour jitter, two-image collages) of the 7,091 non-test images (no view may show a
+#                          test image: it would be a near-duplicate of a relevant document), encoded by the real
+#                          dual encoder; head-independent and resumable (shard by shard; ~25 images/s on 2 idle
+#                          cores)
+#   make bench-collections the dense collections (head-independent) in $(BENCH)/collections: 123k.dense.h5 (the
+#                          test images + the BENCH_VIEWS real views + draws of the view mixture model, fitted to
+#                          those views, up to BENCH_SIZE documents), 1m.dense.h5 (+ BENCH_MIXTURE more draws),
+#                          mixture-check.dense.h5 (as many draws as real views, another seed), mixture.npz and
+#                          collections.json (what each file holds)
+#   make bench-figures     $(BENCH)/HEAD/collections/figures.json (+ .md) for every head of BENCH_HEADS: terms per
+#                          document, posting lengths, FLOPs, most common term of the test set, 123k, the real views
+#                          alone, the mixture check sample and 1m, all sparsified by that head
+#   make bench-search      the search benchmark on every head of BENCH_HEADS: the search-only jobs per head on its
+#                          own sparse collections (sparsified from the same dense ones by `mmsparse sparsify`
+#                          below), the dense jobs once, the end-to-end job (caption text in, top-10 image ids out,
+#                          encoder included) for dense and each head's query modes: $(BENCH)/search.json (+ .md,
+#                          .meta.json) and $(BENCH)/frontier.png; results per head in $(BENCH)/HEAD/SCALE, dense in
+#                          $(BENCH)/dense/SCALE; indexes are kept and reused
 #   make bench-synthetic   the labelled stress test: synthetic collections with independently placed terms
-#                          ($(BENCH)/$(HEAD)/synthetic-N, frontier-synthetic.png)
+#                          ($(BENCH)/HEAD/synthetic-N, frontier-synthetic.png)
 #   make bench-train       $(WORK)/bench/train-head.json (+ .md): train-head step time vs the bare vocabulary
 #                          projection; simulated rows labelled, plus a head really trained at |V| = 30522
 #
-#   BENCH_VIEWS      views in the collection                   (default: 122000; + 1,000 test images = 123k)
-#   BENCH_VIEWS_TOPUP views of non-test images made to replace the 17,718 of views.h5 that show a test image
-#                    (default: 17718; 0 = no top-up set: the 123k collection then holds 1,000 + 104,282)
-#   BENCH_MIXTURE    mixture documents added for the 1M scale (default: 877000)
+#   BENCH_HEADS      heads of bench-search / bench-figures    (default: d2s if; `if` is the inference-free head)
+#   BENCH_QUERY_MODES_NAME  the query files of head NAME      (default: expand caption-terms; if: inference-free;
+#                    the benchmark reads the modes from the head's method, these only tell Make what to build)
+#   BENCH_VIEWS      real views encoded and kept              (default: 40000)
+#   BENCH_SIZE       documents of the 123k collection         (default: 123000 = 1,000 test images + BENCH_VIEWS
+#                    views + 82,000 mixture draws)
+#   BENCH_MIXTURE    more mixture draws of the 1M collection   (default: 877000: 1,000,000 documents)
 #   BENCH_SCALES     scales of bench-search                   (default: flickr8k,123k,1m)
 #   BENCH_SYNTHETIC  scales of bench-synthetic                (default: synthetic-123000,synthetic-1000000)
 #   BENCH_FLAGS      more flags of `python -m mmsparse.bench.search` (see its --help; e.g. --jobs pisa)
 #   BENCH_TRAIN_EPOCHS epochs of the |V| = 30522 head of bench-train (default: 5 = 300 steps of 512 captions)
 #   BENCH_PYTHON     the interpreter with mmsparse installed  (default: python)
 BENCH            ?= $(WORK)/bench
-BENCH_VIEWS      ?= 122000
-BENCH_VIEWS_TOPUP ?= 17718
+BENCH_HEADS      ?= d2s if
+BENCH_QUERY_MODES_d2s ?= expand caption-terms
+BENCH_QUERY_MODES_if  ?= inference-free
+BENCH_VIEWS      ?= 40000
+BENCH_SIZE       ?= 123000
 BENCH_MIXTURE    ?= 877000
 BENCH_SCALES     ?= flickr8k,123k,1m
 BENCH_SYNTHETIC  ?= synthetic-123000,synthetic-1000000
@@ -42,56 +51,59 @@ BENCH_FLAGS      ?=
 BENCH_TRAIN_EPOCHS ?= 5
 BENCH_PYTHON     ?= python
 VIEWS_DIR        := $(BENCH)/views/$(BACKBONE)
-VIEWS_FILES       = $(VIEWS_DIR)/views.h5 $(if $(filter-out 0,$(BENCH_VIEWS_TOPUP)),$(VIEWS_DIR)/topup/views.h5)
 COLL_DENSE       := $(BENCH)/collections
-COLL_SPARSE       = $(BENCH)/$(HEAD)/collections
-# the collections bench-search needs for BENCH_SCALES
-bench_colls       = $(foreach s,123k 1m,$(if $(findstring $(s),$(BENCH_SCALES)),$(COLL_SPARSE)/$(s).h5 $(COLL_DENSE)/$(s).dense.h5))
-BENCH_INPUTS      = $(WORK)/sparse/$(HEAD)/$(EVAL_SPLIT)-images.h5 \
-                    $(WORK)/sparse/$(HEAD)/$(EVAL_SPLIT)-captions.expand.h5 \
-                    $(WORK)/sparse/$(HEAD)/$(EVAL_SPLIT)-captions.caption-terms.h5 \
-                    $(DENSE_DIR)/$(EVAL_SPLIT)-images.h5 $(DENSE_DIR)/$(EVAL_SPLIT)-captions.h5 $(QRELS)
-BENCH_SEARCH      = $(BENCH_PYTHON) -m mmsparse.bench.search --work $(WORK) --head $(HEAD) --backbone $(BACKBONE) \
-                    --split $(EVAL_SPLIT) --out $(BENCH)/$(HEAD) --collections $(COLL_SPARSE) \
-                    --dense-collections $(COLL_DENSE)
+bench_empty      :=
+bench_space      := $(bench_empty) $(bench_empty)
+bench_comma      := ,
+# a head's query modes, its test inputs, and its sparse collections for BENCH_SCALES
+bench_modes       = $(or $(BENCH_QUERY_MODES_$(1)),expand caption-terms)
+bench_inputs      = $(WORK)/sparse/$(1)/$(EVAL_SPLIT)-images.h5 \
+                    $(foreach m,$(call bench_modes,$(1)),$(WORK)/sparse/$(1)/$(EVAL_SPLIT)-captions.$(m).h5)
+bench_colls       = $(foreach s,123k 1m,$(if $(findstring $(s),$(BENCH_SCALES)),$(BENCH)/$(1)/collections/$(s).h5 \
+                    $(COLL_DENSE)/$(s).dense.h5))
+BENCH_DENSE_INPUTS = $(DENSE_DIR)/$(EVAL_SPLIT)-images.h5 $(DENSE_DIR)/$(EVAL_SPLIT)-captions.h5 $(QRELS)
+BENCH_SEARCH      = $(BENCH_PYTHON) -m mmsparse.bench.search --work $(WORK) \
+                    --heads $(subst $(bench_space),$(bench_comma),$(strip $(BENCH_HEADS))) --backbone $(BACKBONE) \
+                    --split $(EVAL_SPLIT) --out $(BENCH) --dense-collections $(COLL_DENSE)
 
 .PHONY: bench-views bench-collections bench-figures bench-search bench-synthetic bench-train
 
-bench-views: $(VIEWS_FILES)
+bench-views: $(VIEWS_DIR)/views.h5
 
 $(VIEWS_DIR)/views.h5:
 	$(BENCH_PYTHON) -m mmsparse.bench.views $(KARPATHY_JSON) $(IMAGE_ROOT) -o $(VIEWS_DIR) \
-	  --backbone $(BACKBONE) --model $(MODEL) --views $(BENCH_VIEWS) --dataset $(DATASET)
-
-$(VIEWS_DIR)/topup/views.h5:
-	$(BENCH_PYTHON) -m mmsparse.bench.views $(KARPATHY_JSON) $(IMAGE_ROOT) -o $(VIEWS_DIR)/topup \
-	  --backbone $(BACKBONE) --model $(MODEL) --views $(BENCH_VIEWS_TOPUP) --dataset $(DATASET) \
-	  --exclude-split $(EVAL_SPLIT) --seed 1
+	  --backbone $(BACKBONE) --model $(MODEL) --views $(BENCH_VIEWS) --dataset $(DATASET) --exclude-split $(EVAL_SPLIT)
 
 bench-collections: $(COLL_DENSE)/123k.dense.h5
 
 $(COLL_DENSE)/123k.dense.h5 $(COLL_DENSE)/1m.dense.h5 $(COLL_DENSE)/mixture-check.dense.h5 &: \
-    $(VIEWS_FILES) $(DENSE_DIR)/$(EVAL_SPLIT)-images.h5
-	$(BENCH_PYTHON) -m mmsparse.bench.collection dense --views $(VIEWS_FILES) \
-	  --originals $(DENSE_DIR)/$(EVAL_SPLIT)-images.h5 -o $(COLL_DENSE) --mixture $(BENCH_MIXTURE) \
-	  --max-views $(BENCH_VIEWS)
+    $(VIEWS_DIR)/views.h5 $(DENSE_DIR)/$(EVAL_SPLIT)-images.h5
+	$(BENCH_PYTHON) -m mmsparse.bench.collection dense --views $(VIEWS_DIR)/views.h5 \
+	  --originals $(DENSE_DIR)/$(EVAL_SPLIT)-images.h5 -o $(COLL_DENSE) --max-views $(BENCH_VIEWS) \
+	  --size $(BENCH_SIZE) --mixture $(BENCH_MIXTURE)
 
-# a head's sparse view collections (the full head output, as for the test images)
-$(COLL_SPARSE)/%.h5: $(WORK)/heads/$(HEAD)/config.json $(COLL_DENSE)/%.dense.h5
-	$(MMSPARSE) sparsify $(WORK)/heads/$(HEAD) $(COLL_DENSE)/$*.dense.h5 -o $@ --batch-size 4096
+# each head's sparse collections (its full output on the same dense collections, as for the test images)
+# and their figures (FLOPs against its first query mode: expanded for D2S, the table's for inference-free)
+define bench_head_rules
+$(BENCH)/$(1)/collections/%.h5: $(WORK)/heads/$(1)/config.json $(COLL_DENSE)/%.dense.h5
+	$$(MMSPARSE) sparsify $(WORK)/heads/$(1) $(COLL_DENSE)/$$*.dense.h5 -o $$@ --batch-size 4096
 
-bench-figures: $(COLL_SPARSE)/figures.json
+$(BENCH)/$(1)/collections/figures.json: $(call bench_inputs,$(1)) $(foreach c,123k mixture-check 1m,$(BENCH)/$(1)/collections/$(c).h5)
+	$$(BENCH_PYTHON) -m mmsparse.bench.collection figures \
+	  --queries $(WORK)/sparse/$(1)/$(EVAL_SPLIT)-captions.$(firstword $(call bench_modes,$(1))).h5 -o $$@ \
+	  flickr8k-test=$(WORK)/sparse/$(1)/$(EVAL_SPLIT)-images.h5 123k=$(BENCH)/$(1)/collections/123k.h5 \
+	  views=$(BENCH)/$(1)/collections/123k.h5#views mixture-check=$(BENCH)/$(1)/collections/mixture-check.h5 \
+	  1m=$(BENCH)/$(1)/collections/1m.h5
+endef
+$(foreach h,$(BENCH_HEADS),$(eval $(call bench_head_rules,$(h))))
 
-$(COLL_SPARSE)/figures.json: $(BENCH_INPUTS) $(COLL_SPARSE)/123k.h5 $(COLL_SPARSE)/mixture-check.h5 $(COLL_SPARSE)/1m.h5
-	$(BENCH_PYTHON) -m mmsparse.bench.collection figures --queries $(WORK)/sparse/$(HEAD)/$(EVAL_SPLIT)-captions.expand.h5 \
-	  -o $@ flickr8k-test=$(WORK)/sparse/$(HEAD)/$(EVAL_SPLIT)-images.h5 123k=$(COLL_SPARSE)/123k.h5 \
-	  views=$(COLL_SPARSE)/123k.h5#views mixture-check=$(COLL_SPARSE)/mixture-check.h5 1m=$(COLL_SPARSE)/1m.h5
+bench-figures: $(foreach h,$(BENCH_HEADS),$(BENCH)/$(h)/collections/figures.json)
 
-bench-search: $(BENCH_INPUTS) $(bench_colls) $(if $(findstring 1m,$(BENCH_SCALES)),$(COLL_SPARSE)/figures.json)
+bench-search: $(BENCH_DENSE_INPUTS) $(foreach h,$(BENCH_HEADS),$(call bench_inputs,$(h)) $(call bench_colls,$(h))) \
+    $(if $(findstring 1m,$(BENCH_SCALES)),$(foreach h,$(BENCH_HEADS),$(BENCH)/$(h)/collections/figures.json))
 	$(BENCH_SEARCH) --scales $(BENCH_SCALES) $(BENCH_FLAGS)
-	cp $(BENCH)/$(HEAD)/frontier.png $(BENCH)/frontier.png
 
-bench-synthetic: $(BENCH_INPUTS)
+bench-synthetic: $(BENCH_DENSE_INPUTS) $(foreach h,$(BENCH_HEADS),$(call bench_inputs,$(h)))
 	$(BENCH_SEARCH) --scales $(BENCH_SYNTHETIC) $(BENCH_FLAGS)
 
 # train-head speed (issue 20): paper shapes (d=256, ω=768, |V|=30522) with a simulated sparse state, the

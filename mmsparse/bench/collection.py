@@ -1,18 +1,26 @@
-"""The search benchmark's large collections, from the real encoder (issue 17), and their figures.
+"""The search benchmark's large collections, from the real encoder (issues 17, 25), and their figures.
 
     python -m mmsparse.bench.collection dense --views VIEWS.h5 [VIEWS2.h5 ...] --originals TEST-IMAGES.h5
-        -o DIR [--max-views 122000] [--mixture 877000] [--check 122000]
+        -o DIR [--max-views 0] [--size 123000] [--mixture 877000] [--check N]
     python -m mmsparse.bench.collection figures --queries Q.h5 -o FIG.json NAME=SPARSE.h5[#views] ...
 
 writes, all dense HDF5 (head-independent; `mmsparse sparsify HEAD` makes the sparse ones):
-  DIR/123k.dense.h5         the original test images (their own ids, so the qrels hold) followed by
-                            the encoded views (bench.views) of NON-test images: 1,000 + 122,000
-                            documents (see "Distractors" below)
-  DIR/1m.dense.h5           the same 123k rows followed by `mixture` documents drawn from the view
-                            mixture model below (ids "mix<n>")
-  DIR/mixture-check.dense.h5  `check` documents drawn from the model with another seed, to compare
-                            with the real views after sparsification (same statistics, same head)
+  DIR/123k.dense.h5         `size` documents: the original test images (their own ids, so the qrels
+                            hold), then the encoded views (bench.views) of NON-test images (see
+                            "Distractors"), then draws of the view mixture model below (ids
+                            "mix<n>") to fill the collection to `size` documents. The Flickr8k
+                            example: 1,000 test images + 40,000 real views + 82,000 draws.
+  DIR/1m.dense.h5           the same rows followed by `mixture` more draws of the same stream (the
+                            example: 877,000, 1,000,000 documents in all)
+  DIR/mixture-check.dense.h5  `check` draws with another seed (default: as many as the real views),
+                            to compare with the real views after sparsification (same statistics,
+                            same head)
   DIR/mixture.npz           the fitted model (means, covariance factors, weights)
+  DIR/collections.json      what each file holds: originals, real views, draws, documents
+
+Draws. Draw i of a seed comes from chunk i // 65,536 of that seed's stream (the chunk's own
+random generator), so a draw is the same whatever the collection's size: 1m.dense.h5 holds
+123k.dense.h5's rows and continues its draws, and a larger `size` keeps the smaller one's.
 
 Distractors. The qrels are the original test images and every view is a distractor, so no view
 may show a test image: a view of a relevant image is a near-duplicate of it, scores about as
@@ -20,14 +28,14 @@ high for the image's captions, and buries the one relevant document (R@10 of eve
 from 12 at 1,000 documents to 0-0.4 at 123k when the views were made from all 8,091 images).
 The builder drops every view whose id names an original (single views "<image>#...", collages
 "<a>+<b>#...": either part), then keeps the first `max_views` of the remaining views in file
-order. The Flickr8k example's first view set (122,000 views of all images) loses 17,718 views
-that way; a second set made from the 7,091 non-test images only (`bench.views --exclude-split
-test --seed 1`) tops it up to 122,000.
+order (0 = all; never more than `size` leaves room for). Views made with `bench.views
+--exclude-split test` show no test image in the first place.
 
-The view mixture model (`ViewMixture`). Encoding 1M views takes ~3 h on 2 cores, so the 1M
-collection adds documents drawn from a Gaussian mixture fitted to the encoded views' dense
-vectors z of the kept views only (unit vectors, d = 512; no test image and no view of one
-enters the fit), then L2-normalised like the encoder's output:
+The view mixture model (`ViewMixture`). Every view costs a pass of the backbone's image tower,
+so the collections hold as many real views as the machine's budget allows and are filled with
+documents drawn from a Gaussian mixture fitted to the encoded views' dense vectors z of the kept
+views only (unit vectors, d = 512; no test image and no view of one enters the fit), then
+L2-normalised like the encoder's output:
   single views of image a   z ~ N(mu_a, S_s)           mu_a = mean of a's single views
   collage of images a, b    z ~ N(unit(mu_a + mu_b) + m_c, S_c)
   a drawn uniformly from the images with a single view; (a, b) uniformly from pairs of distinct
@@ -162,26 +170,33 @@ class ViewMixture:
         return cls(means.astype(np.float32), imgs, sqrt_psd(s_single), m_c.astype(np.float32), sqrt_psd(s_c),
                    float((~single).mean()))
 
-    def sample(self, n: int, seed: int = 0, chunk: int = 65536):
-        """Yield (kind [m] int8: 0 single / 1 collage, vectors [m, d] float32 unit) chunks of n draws."""
-        rng = np.random.default_rng(seed)
+    def sample(self, n: int, seed: int = 0, start: int = 0, chunk: int = 65536):
+        """Yield (kind [m] int8: 0 single / 1 collage, vectors [m, d] float32 unit) chunks of the
+        draws start .. start + n - 1 of seed's stream. Draw i belongs to chunk i // `chunk`, made
+        by its own generator (seed, i // chunk), so it is the same whatever n and start."""
+        end = start + n
+        for c in range(start // chunk, -(-end // chunk)):
+            lo, hi = max(start - c * chunk, 0), min(end - c * chunk, chunk)
+            kind, vec = self._chunk(np.random.default_rng([seed, c]), chunk)
+            yield kind[lo:hi], vec[lo:hi]
+
+    def _chunk(self, rng, m: int) -> tuple[np.ndarray, np.ndarray]:
+        """m draws of one generator: (kind [m] int8, unit vectors [m, d] float32)."""
         A, d = self.means.shape
-        for s in range(0, n, chunk):
-            m = min(chunk, n - s)
-            coll = rng.random(m) < self.collage_share
-            out = np.empty((m, d), dtype=np.float32)
-            ns = int((~coll).sum())
-            if ns:
-                a = rng.integers(0, A, ns)
-                out[~coll] = self.means[a] + rng.standard_normal((ns, d), dtype=np.float32) @ self.single_root.T
-            nc = m - ns
-            if nc:
-                a = rng.integers(0, A, nc)
-                b = rng.integers(0, A - 1, nc)
-                b += b >= a
-                out[coll] = (unit(self.means[a] + self.means[b]) + self.collage_mean
-                             + rng.standard_normal((nc, d), dtype=np.float32) @ self.collage_root.T)
-            yield coll.astype(np.int8), unit(out)
+        coll = rng.random(m) < self.collage_share
+        out = np.empty((m, d), dtype=np.float32)
+        ns = int((~coll).sum())
+        if ns:
+            a = rng.integers(0, A, ns)
+            out[~coll] = self.means[a] + rng.standard_normal((ns, d), dtype=np.float32) @ self.single_root.T
+        nc = m - ns
+        if nc:
+            a = rng.integers(0, A, nc)
+            b = rng.integers(0, A - 1, nc)
+            b += b >= a
+            out[coll] = (unit(self.means[a] + self.means[b]) + self.collage_mean
+                         + rng.standard_normal((nc, d), dtype=np.float32) @ self.collage_root.T)
+        return coll.astype(np.int8), unit(out)
 
     def save(self, path: Path, recipe: str = "") -> None:
         np.savez(path, means=self.means, images=self.images, single_root=self.single_root,
@@ -246,14 +261,23 @@ def load_views(views: list[Path], exclude: set[str], max_views: int = 0):
     return ids, np.concatenate(vecs), np.concatenate(srcs).astype(np.int32), report
 
 
-def write_collections(views: Path | list[Path], originals: Path, out: Path, mixture: int = 877_000,
-                      check: int = 122_000, seed: int = 0, max_views: int = 0, log=print) -> dict:
-    """Write the dense collections of the module docstring into `out`; returns their paths.
+MIXTURE_STREAM = "chunk-seeded v2"   # how draws are made (ViewMixture.sample); part of the recipe
+
+
+def write_collections(views: Path | list[Path], originals: Path, out: Path, size: int = 0,
+                      mixture: int = 877_000, check: int | None = None, seed: int = 0, max_views: int = 0,
+                      log=print) -> dict:
+    """Write the dense collections of the module docstring into `out`; returns their paths and
+    what each holds ("counts": name -> {"originals", "views", "draws", "docs"}).
 
     views: one or more bench.views files; views showing an image of `originals` are dropped (see
-    "Distractors"), then the first `max_views` kept (0 = all). Files that exist and were made
-    with the same recipe (views files and their sizes, originals, max_views, mixture, seed) are
-    kept; others are rebuilt. Memory: the kept views' vectors plus one chunk.
+    "Distractors"), then the first `max_views` kept (0 = all), at most size - len(originals).
+    size: documents of 123k.dense.h5, the rest after originals and views drawn from the mixture
+    (0 = no draws: originals + views). mixture: draws 1m.dense.h5 adds (0 = no 1m file). check:
+    draws of mixture-check.dense.h5 (None = as many as the kept views, 0 = none). Files that
+    exist and were made with the same recipe (views files and their sizes, originals, the model
+    fingerprints, max_views, size, mixture, check, seed) are kept; others are rebuilt. Memory:
+    the kept views' vectors plus one chunk of draws.
     """
     from ..formats.dense import DenseWriter, read_dense, read_dense_attrs
 
@@ -270,24 +294,38 @@ def write_collections(views: Path | list[Path], originals: Path, out: Path, mixt
                              "encode the views and the originals with one encoder")
         except InputError as e:
             raise SystemExit(str(e)) from None
+    orig = read_dense(originals)
+    if size and size <= len(orig.ids):
+        raise SystemExit(f"--size {size}: must exceed the {len(orig.ids)} originals (or be 0: no draws)")
+    cap = size - len(orig.ids) if size else 0
+    keep = min(max_views, cap) if max_views and cap else (max_views or cap)
     r = {"views": [[vf.name, vf.stat().st_size] for vf in views],
-         "originals": [originals.name, originals.stat().st_size], "max_views": max_views,
-         "mixture": mixture, "check": check, "seed": seed, "exclude": "originals"}
+         "originals": [originals.name, originals.stat().st_size], "max_views": keep, "size": size,
+         "mixture": mixture, "check": check, "seed": seed, "exclude": "originals", "stream": MIXTURE_STREAM}
     fps = [read_dense_attrs(f).get("model_fingerprint") for f in [*views, originals]]
     if any(fps):  # a file re-encoded by a model changed in place has the same size: its model tells
         r["model_fingerprints"] = fps
     recipe = json.dumps(r)
     paths = {"123k": out / "123k.dense.h5", "1m": out / "1m.dense.h5", "check": out / "mixture-check.dense.h5",
              "model": out / "mixture.npz"}
-    for p in paths.values():  # made with another recipe (e.g. before test-image views were dropped): rebuild
+    for p in paths.values():  # made with another recipe (e.g. another number of views): rebuild
         if p.is_file() and _recipe_of(p) != recipe:
             log(f"{p.name}: made with another recipe; rebuilding")
             p.unlink()
-    orig = read_dense(originals)
     t0 = time.time()
-    ids, z, src, report = load_views(views, set(orig.ids), max_views)
-    for r in report:
-        log(f"views {r['file']}: {r['views']} views, {r['dropped']} show a test image (dropped), {r['kept']} kept")
+    ids, z, src, report = load_views(views, set(orig.ids), keep)
+    for rep in report:
+        log(f"views {rep['file']}: {rep['views']} views, {rep['dropped']} show a test image (dropped), "
+            f"{rep['kept']} kept")
+    fill = size - len(orig.ids) - len(ids) if size else 0
+    check = len(ids) if check is None else check
+    counts = {"123k": {"originals": len(orig.ids), "views": len(ids), "draws": fill}}
+    if mixture:
+        counts["1m"] = {"originals": len(orig.ids), "views": len(ids), "draws": fill + mixture}
+    if check:
+        counts["mixture-check"] = {"originals": 0, "views": 0, "draws": check}
+    for c in counts.values():
+        c["docs"] = sum(c.values())
     info = {"collection_recipe": recipe, "views_report": json.dumps(report)}
     if not paths["model"].is_file():
         mix = ViewMixture.fit(z, src)
@@ -297,33 +335,31 @@ def write_collections(views: Path | list[Path], originals: Path, out: Path, mixt
     mix = ViewMixture.load(paths["model"])
     dim = mix.means.shape[1]
 
-    def copy_base(w):
-        w.append(orig.ids, orig.vectors)
-        for s in range(0, len(ids), 65536):
-            w.append(ids[s:s + 65536], z[s:s + 65536])
+    def append_draws(w, n, seed_, start, prefix):
+        s = start
+        for _, vec in mix.sample(n, seed=seed_, start=start):
+            w.append([f"{prefix}{i:07d}" for i in range(s, s + len(vec))], vec)
+            s += len(vec)
+
+    def write(name, dataset, draws, seed_, base=True):
+        attrs = {**_attrs(va, dataset), **info, "mixture_seed": seed_,
+                 **{f"bench_{k}": v for k, v in counts[name].items()}}
+        with DenseWriter(paths["check" if name == "mixture-check" else name], dim, attrs) as w:
+            if base:
+                w.append(orig.ids, orig.vectors)
+                for s in range(0, len(ids), 65536):
+                    w.append(ids[s:s + 65536], z[s:s + 65536])
+            append_draws(w, draws, seed_, 0, "mix" if base else "chk")
+        log(f"wrote {name}: {counts[name]}")
 
     if not paths["123k"].is_file():
-        with DenseWriter(paths["123k"], dim, {**_attrs(va, "flickr8k-views-123k"), **info}) as w:
-            copy_base(w)
-        log(f"wrote {paths['123k']} ({len(orig.ids) + len(ids)} documents)")
+        write("123k", "flickr8k-views-123k", fill, seed)
     if mixture and not paths["1m"].is_file():
-        with DenseWriter(paths["1m"], dim, {**_attrs(va, "flickr8k-views-1m"), **info, "mixture_docs": mixture,
-                                            "mixture_seed": seed}) as w:
-            copy_base(w)
-            s = 0
-            for kind, vec in mix.sample(mixture, seed=seed):
-                w.append([f"mix{i:07d}" for i in range(s, s + len(vec))], vec)
-                s += len(vec)
-        log(f"wrote {paths['1m']}")
+        write("1m", "flickr8k-views-1m", fill + mixture, seed)
     if check and not paths["check"].is_file():
-        with DenseWriter(paths["check"], dim, {**_attrs(va, "flickr8k-views-mixture-check"), **info,
-                                               "mixture_seed": seed + 1}) as w:
-            s = 0
-            for kind, vec in mix.sample(check, seed=seed + 1):
-                w.append([f"chk{i:07d}" for i in range(s, s + len(vec))], vec)
-                s += len(vec)
-        log(f"wrote {paths['check']}")
-    return {k: str(p) for k, p in paths.items()}
+        write("mixture-check", "flickr8k-views-mixture-check", check, seed + 1, base=False)
+    (out / "collections.json").write_text(json.dumps({"counts": counts, "recipe": r}, indent=1))
+    return {**{k: str(p) for k, p in paths.items()}, "counts": counts}
 
 
 def _recipe_of(path: Path) -> str | None:
@@ -382,11 +418,16 @@ def main(argv=None) -> None:
     d = sub.add_parser("dense", help="write the dense collections and the fitted mixture model")
     d.add_argument("--views", type=Path, nargs="+", required=True,
                    help="views.h5 file(s) of mmsparse.bench.views; views showing an original are dropped")
-    d.add_argument("--max-views", type=int, default=122_000, help="views kept (the first, in file order; 0 = all)")
+    d.add_argument("--max-views", type=int, default=0, help="real views kept (the first, in file order; 0 = all "
+                   "that --size leaves room for)")
     d.add_argument("--originals", type=Path, required=True, help="dense test images (the qrels' documents)")
     d.add_argument("-o", "--out", type=Path, required=True, help="output directory")
-    d.add_argument("--mixture", type=int, default=877_000, help="mixture documents added for the 1M collection")
-    d.add_argument("--check", type=int, default=122_000, help="mixture documents drawn to check the model")
+    d.add_argument("--size", type=int, default=123_000, help="documents of 123k.dense.h5: the originals, the real "
+                   "views, then mixture draws to fill it (0 = no draws)")
+    d.add_argument("--mixture", type=int, default=877_000, help="more draws 1m.dense.h5 adds to 123k.dense.h5's rows "
+                   "(0 = no 1m file)")
+    d.add_argument("--check", type=int, default=None, help="draws of mixture-check.dense.h5 (another seed), to "
+                   "compare with the real views (default: as many as the real views kept)")
     d.add_argument("--seed", type=int, default=0)
     f = sub.add_parser("figures", help="collection figures of sparse files against the test queries")
     f.add_argument("--queries", type=Path, required=True, help="expanded sparse queries")
@@ -394,8 +435,8 @@ def main(argv=None) -> None:
     f.add_argument("collections", nargs="+", help="NAME=SPARSE.h5 or NAME=SPARSE.h5#views")
     a = p.parse_args(argv)
     if a.cmd == "dense":
-        print(json.dumps(write_collections(a.views, a.originals, a.out, a.mixture, a.check, a.seed,
-                                            a.max_views), indent=1))
+        print(json.dumps(write_collections(a.views, a.originals, a.out, size=a.size, mixture=a.mixture, check=a.check,
+                                            seed=a.seed, max_views=a.max_views), indent=1))
     else:
         res = figures(dict(x.split("=", 1) for x in a.collections), a.queries, a.out)
         print(a.out.with_suffix(".md").read_text())

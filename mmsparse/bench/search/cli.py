@@ -1,6 +1,7 @@
 """The command line of the search benchmark (`python -m mmsparse.bench.search`, see the package
-docstring): parse the options, run every job of every scale in its own process, collect the saved
-rows of every job and write search.json, search.meta.json, search.md and the frontier plots."""
+docstring): parse the options, run every job of every scale in its own process (the sparse jobs
+once per head, the dense ones once, the end-to-end job for both), collect the saved rows of every
+job and write search.json, search.meta.json, search.md and the frontier plots."""
 
 from __future__ import annotations
 
@@ -12,17 +13,22 @@ from pathlib import Path
 from ...errors import require_file
 from .exhaustive import job_exhaustive
 from .faiss import job_faiss_flat, job_faiss_hnsw
+from .endtoend import K as ENDTOEND_K, job_endtoend
 from .harness import Scale, collection_stamp, in_child
 from .milvus import job_milvus
 from .pisa import job_pisa, job_pisa_levers
-from .report import frontier_plot, goals, machine, search_md
-from .scales import REAL_SCALES, scale_spec
+from .frontier import frontier_plot
+from .report import goals, machine, search_md
+from .scales import DENSE, REAL_SCALES, scale_spec
 from .seismic import job_seismic, job_seismic_levers
 
 
 JOBS = {"exhaustive": job_exhaustive, "pisa": job_pisa, "pisa-levers": job_pisa_levers, "seismic": job_seismic,
         "seismic-levers": job_seismic_levers, "faiss-flat": job_faiss_flat, "faiss-hnsw": job_faiss_hnsw,
-        "milvus": job_milvus}
+        "milvus": job_milvus, "endtoend": job_endtoend}
+# where a job runs: once per head (its sparse documents), once on the dense side, or both
+# (end to end: the dense rows once, each head's query modes per head)
+SIDES = {"faiss-flat": ("dense",), "faiss-hnsw": ("dense",), "endtoend": ("dense", "heads")}
 DEFAULT_JOBS = [j for j in JOBS if j != "milvus"]
 LEVER_JOBS = ("pisa-levers", "seismic-levers")
 
@@ -65,12 +71,16 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m mmsparse.bench.search", description=about.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--work", type=Path, required=True, help="workspace (the Flickr8k example's WORK)")
-    p.add_argument("--head", default="d2s", help="sparse head name (WORK/sparse/HEAD, WORK/heads/HEAD)")
+    p.add_argument("--heads", "--head", dest="heads", type=_strs, default=["d2s"],
+                   help="sparse heads, comma-separated (WORK/sparse/HEAD, WORK/heads/HEAD); the sparse jobs run for "
+                   "each, on its own sparse collections, with the query modes of its method")
     p.add_argument("--backbone", default="hf-dual", help="dense backbone name under WORK/dense/")
     p.add_argument("--split", default="test", help="split whose captions are the queries")
-    p.add_argument("--out", type=Path, default=None, help="output directory (default WORK/bench/HEAD)")
-    p.add_argument("--collections", type=Path, default=None,
-                   help="sparse 123k.h5 / 1m.h5 of this head (default WORK/bench/HEAD/collections)")
+    p.add_argument("--out", type=Path, default=None, help="output directory (default WORK/bench): OUT/HEAD/SCALE "
+                   "(each head's jobs), OUT/dense/SCALE (the dense jobs), OUT/search.md (all)")
+    p.add_argument("--collections", default=None,
+                   help="directory of each head's sparse 123k.h5 / 1m.h5, {head} standing for the head "
+                   "(default OUT/{head}/collections)")
     p.add_argument("--dense-collections", type=Path, default=None,
                    help="dense 123k.dense.h5 / 1m.dense.h5 (default WORK/bench/collections)")
     p.add_argument("--scales", type=_strs, default=["flickr8k", "123k", "1m"],
@@ -123,6 +133,16 @@ def parse_args(argv=None):
     p.add_argument("--hnsw-max-random", type=int, default=200_000,
                    help="synthetic: skip HNSW over random unit vectors above this many documents (0 = never)")
     p.add_argument("--dense-synthetic", type=_strs, default=["random", "gaussian"], help="synthetic dense kinds")
+    p.add_argument("--e2e-pisa", default="auto", help="endtoend: PISA algorithm (auto: the pisa job's fastest on "
+                   "the query mode at this scale, else maxscore)")
+    p.add_argument("--e2e-seismic", default="auto", help="endtoend: Seismic query_cut:heap_factor[:n_knn] on the "
+                   "scale's --seismic-build (auto: the seismic jobs' fastest configuration with overlap@10 >= "
+                   "--e2e-min-overlap on the head's primary queries, its build included, else 10:0.8)")
+    p.add_argument("--e2e-ef-search", default="auto", help="endtoend: HNSW efSearch (auto: the faiss-hnsw job's "
+                   "fastest with overlap@10 >= --e2e-min-overlap at this scale, else 64)")
+    p.add_argument("--e2e-min-overlap", type=float, default=0.95, help="endtoend: overlap@10 the auto choices need")
+    p.add_argument("--model", default=None, help="endtoend: the text tower's model (default: the `model` of the "
+                   "dense captions file)")
     p.add_argument("--seed", type=int, default=0, help="seed of the query sample and synthetic collections")
     p.add_argument("--tag", default="", help="write the jobs' rows to JOB-TAG.json beside JOB.json (an extra run, "
                    "e.g. one more lever build, that keeps the earlier rows)")
@@ -138,57 +158,90 @@ def _stale(d: dict, current: tuple[list, int | None]) -> bool:
     return ndocs is not None and any(r.get("docs") not in (None, ndocs) for r in d["rows"])
 
 
-def collect(out: Path, scales: list[str], current: dict | None = None, log=print) -> tuple[list[dict], dict]:
-    """Rows and job infos of every scale directory (job order fixed). current: {scale: (collection
-    stamp, document count)} of the scales this run measured; their jobs saved from an earlier
-    version of the collection are left out (with a line saying so), since their rows would mix
-    two document sets in one table."""
+def collect(out: Path, groups: list[str], scales: list[str], current: dict | None = None,
+            log=print) -> tuple[list[dict], dict]:
+    """Rows and job infos of every group (a head's directory, or "dense") and scale (job order
+    fixed); rows get the group's head (None for dense). current: {(group, scale): (collection
+    stamp, document count)} of what this run measured; jobs saved from an earlier version of the
+    collection are left out (with a line saying so), since their rows would mix two document sets
+    in one table."""
     rows, infos = [], {}
-    for s in scales:
-        for job in JOBS:
-            longer = [j for j in JOBS if j.startswith(job + "-")]  # pisa -> pisa-levers: not a tag of pisa
-            for f in [out / s / f"{job}.json"] + sorted((out / s).glob(f"{job}-*.json")):
-                if not f.is_file() or any(f.stem == j or f.stem.startswith(j + "-") for j in longer):
-                    continue
-                d = json.loads(f.read_text())
-                if current and s in current and _stale(d, current[s]):
-                    log(f"[{s}] {f.stem}: measured on an earlier version of the collection; left out "
-                        f"(re-run it with --jobs {job}{' --tag ' + f.stem[len(job) + 1:] if f.stem != job else ''})")
-                    continue
-                rows += d["rows"]
-                infos.setdefault(s, {})[f.stem] = d["info"]
+    for g in groups:
+        for s in scales:
+            d0 = out / g / s
+            for job in JOBS:
+                longer = [j for j in JOBS if j.startswith(job + "-")]  # pisa -> pisa-levers: not a tag of pisa
+                for f in [d0 / f"{job}.json"] + sorted(d0.glob(f"{job}-*.json")):
+                    if not f.is_file() or any(f.stem == j or f.stem.startswith(j + "-") for j in longer):
+                        continue
+                    d = json.loads(f.read_text())
+                    if current and (g, s) in current and _stale(d, current[(g, s)]):
+                        tag = f" --tag {f.stem[len(job) + 1:]}" if f.stem != job else ""
+                        log(f"[{s}] {g} {f.stem}: measured on an earlier version of the collection; left out "
+                            f"(re-run it with --jobs {job}{tag})")
+                        continue
+                    for r in d["rows"]:
+                        r.setdefault("head", None if g == DENSE else g)
+                    rows += d["rows"]
+                    infos.setdefault(s, {})[f"{g}/{f.stem}"] = d["info"]
     return rows, infos
+
+
+def _ndocs(sc: Scale) -> int | None:
+    """Documents of the scale's collection (its sparse file, else its dense one)."""
+    import h5py
+
+    f = sc.sparse_docs if sc.sparse_docs is not None else sc.dense_docs
+    if f is None or not Path(f).is_file():
+        return None
+    with h5py.File(f, "r") as h:
+        return int(h["ids"].shape[0])
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    args.out = args.out or args.work / "bench" / args.head
-    args.collections = args.collections or args.out / "collections"
+    args.out = args.out or args.work / "bench"
+    args.collections = args.collections or str(args.out / "{head}" / "collections")
     args.dense_collections = args.dense_collections or args.work / "bench" / "collections"
+    if DENSE in args.heads:
+        raise SystemExit(f"--heads: {DENSE!r} names the dense side's directory; rename that head")
     from ...formats.sparse import read_sparse_attrs  # noqa: F401  (fail early on a broken install)
     import h5py
 
-    with h5py.File(require_file(args.work / "sparse" / args.head / f"{args.split}-captions.expand.h5",
-                                "expanded sparse queries"), "r") as f:
+    with h5py.File(require_file(args.work / "dense" / args.backbone / f"{args.split}-captions.h5",
+                                "dense captions (the queries)"), "r") as f:
         nq = int(f["ids"].shape[0])
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     current = {}
     for label in args.scales:
-        sc = scale_spec(label, args, nq)
+        sides = {DENSE: scale_spec(label, args, nq), **{h: scale_spec(label, args, nq, h) for h in args.heads}}
         for job in args.jobs:
             if job in LEVER_JOBS and label not in args.lever_scales:
                 continue
-            print(f"[{label}] {job}: {len(sc.sample)} queries, k = {sc.ks}", flush=True)
-            t0 = time.time()
-            in_child(_one_thread_job, job, sc)
-            print(f"[{label}] {job}: {time.time() - t0:.0f} s", flush=True)
-        if sc.sparse_docs is not None and Path(sc.sparse_docs).is_file():
-            with h5py.File(sc.sparse_docs, "r") as f:
-                current[label] = (collection_stamp(sc), int(f["ids"].shape[0]))
+            if job == "endtoend" and label.startswith("synthetic-"):
+                print(f"[{label}] {job}: skipped (synthetic documents have no images to find)", flush=True)
+                continue
+            where = SIDES.get(job, ("heads",))
+            for g in ([DENSE] if "dense" in where else []) + (list(args.heads) if "heads" in where else []):
+                sc = sides[g]
+                ks = [ENDTOEND_K] if job == "endtoend" else sc.ks
+                print(f"[{label}] {g} {job}: {len(sc.sample)} queries, k = {ks}", flush=True)
+                t0 = time.time()
+                in_child(_one_thread_job, job, sc)
+                print(f"[{label}] {g} {job}: {time.time() - t0:.0f} s", flush=True)
+        for g, sc in sides.items():
+            n = _ndocs(sc)
+            if n is not None:
+                current[(g, label)] = (collection_stamp(sc), n)
     args.out.mkdir(parents=True, exist_ok=True)
-    others = sorted(p.name for p in args.out.iterdir() if p.is_dir() and p.name.startswith("synthetic-"))
-    all_scales = [s for s in dict.fromkeys(list(REAL_SCALES) + args.scales + others) if (args.out / s).is_dir()]
-    rows, infos = collect(args.out, all_scales, current)
+    # every head measured here or before (a directory holding job results), then the dense side
+    earlier = sorted(d.name for d in args.out.iterdir() if d.is_dir() and d.name not in (*args.heads, DENSE)
+                     and any(d.glob("*/exhaustive*.json")))
+    groups = [*args.heads, *earlier, DENSE]
+    seen = {p.name for g in groups if (args.out / g).is_dir() for p in (args.out / g).iterdir() if p.is_dir()}
+    others = sorted(x for x in seen if x.startswith("synthetic-"))
+    all_scales = [s for s in dict.fromkeys(list(REAL_SCALES) + args.scales + others) if s in seen]
+    rows, infos = collect(args.out, groups, all_scales, current)
     meta = {"machine": machine(), "last_run_started": started,
             "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
@@ -197,7 +250,7 @@ def main(argv=None) -> None:
     (args.out / "search.meta.json").write_text(json.dumps(meta, indent=1, default=str))
     md = search_md(rows, all_scales, args.ks, meta["goals"])
     (args.out / "search.md").write_text(md)
-    real = [r for r in rows if r["scale"] in REAL_SCALES]
+    real = [r for r in rows if r["scale"] in REAL_SCALES and not r.get("endtoend")]
     if real:
         frontier_plot(real, args.out / "frontier.png")
     syn = [r for r in rows if r["scale"].startswith("synthetic-")]

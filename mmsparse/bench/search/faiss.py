@@ -18,6 +18,18 @@ def _faiss_build(sc: Scale, name: str, src: Path, **kw) -> tuple[Path, dict, flo
     return _cached_index(sc, name, build_faiss_index, [src], dict(threads=sc.settings["build_threads"], **kw))
 
 
+def flat_build(sc: Scale, kind: str, src: Path) -> tuple[Path, dict, float | None]:
+    """The Flat index of dense documents `src` (kind: real or a synthetic kind), built or reused."""
+    return _faiss_build(sc, f"flat-{kind}", src)
+
+
+def hnsw_build(sc: Scale, kind: str, src: Path) -> tuple[Path, dict, float | None]:
+    """The HNSW index (--hnsw-m, --ef-construction) of dense documents `src`, built or reused."""
+    st = sc.settings
+    return _faiss_build(sc, f"hnsw{st['hnsw_m']}-efc{st['ef_construction']}-{kind}", src, hnsw=True,
+                        hnsw_m=st["hnsw_m"], ef_construction=st["ef_construction"])
+
+
 def _dense_sources(sc: Scale) -> dict:
     return sc.dense_kinds if sc.synthetic else {"real": sc.dense_docs}
 
@@ -31,7 +43,7 @@ def job_faiss_flat(sc: Scale) -> dict:
     rows_all, metas = [], {}
     for kind, src in _dense_sources(sc).items():
         tag = "" if kind == "real" else f" [{kind}]"
-        d, meta, brss = _faiss_build(sc, f"flat-{kind}", src)
+        d, meta, brss = flat_build(sc, kind, src)
         metas[kind] = meta
         fs = FaissSearcher(d, threads=2)
         kmax = min(max(sc.ks), fs.index.ntotal)
@@ -69,8 +81,7 @@ def job_faiss_hnsw(sc: Scale) -> dict:
             continue
         tag = "" if kind == "real" else f" [{kind}]"
         exact = _read_exact(sc, f"dense-{kind}")
-        d, meta, brss = _faiss_build(sc, f"hnsw{st['hnsw_m']}-efc{st['ef_construction']}-{kind}", src, hnsw=True,
-                                     hnsw_m=st["hnsw_m"], ef_construction=st["ef_construction"])
+        d, meta, brss = hnsw_build(sc, kind, src)
         metas[kind] = meta
         hs = FaissSearcher(d, threads=1)
         faiss.omp_set_num_threads(1)

@@ -143,54 +143,84 @@ def pool_batch(fn, n: int, threads: int = 2):
 
 # ---------------------------------------------------------------- one scale's context (picklable)
 
+# how rows name a query mode in their `mode` column (PISA: "exp maxscore", "if maxscore")
+MODE_LABEL = {"expand": "exp", "caption-terms": "no-exp", "inference-free": "if"}
+
+
+def mode_label(mode: str) -> str:
+    """The short name of a query mode in rows' `mode` column (the mode itself when it has none)."""
+    return MODE_LABEL.get(mode, mode)
+
+
 @dataclass
 class Scale:
-    """What every job of one scale needs. Paths, not arrays, so a job process loads its own."""
+    """What every job of one scale needs, for one head (its sparse documents and queries) or for
+    the dense side (head None: Faiss jobs, dense end-to-end rows). Paths, not arrays, so a job
+    process loads its own."""
 
     label: str
-    out: Path
+    out: Path                   # this job's results: OUT/HEAD/SCALE, or OUT/dense/SCALE (head None)
     sparse_docs: Path | None
     dense_docs: Path | None
-    qe: Path | None
-    qc: Path | None
-    dq: Path
+    queries: dict               # the head's query mode -> sparse query file; first = the primary mode
+                                # (the exhaustive reference); {} on the dense side
+    dq: Path                    # dense captions (vectors, texts): the sample's rows index this file
     qrels: Path | None
-    sample: np.ndarray          # query rows (of the expanded-query file order) timed, fixed
-    warm: np.ndarray            # untimed warm-up query rows (outside the sample when possible)
+    sample: np.ndarray          # rows of dq timed, fixed, the same for every head and the dense side
+    warm: np.ndarray            # untimed warm-up rows of dq (outside the sample when possible)
     ks: list[int]
     settings: dict = field(default_factory=dict)
     synthetic: bool = False
     dense_kinds: dict = field(default_factory=dict)  # synthetic: kind -> dense docs path
+    head: str | None = None     # head name (WORK/sparse/HEAD); None: the dense side
+    head_dir: Path | None = None    # WORK/heads/HEAD (end-to-end encoders)
+    dense_out: Path | None = None   # OUT/dense/SCALE: dense exact references and results
+
+    @property
+    def primary(self) -> str | None:
+        """The head's primary query mode (its exhaustive ranking is the sparse reference)."""
+        return next(iter(self.queries), None)
+
+
+def dense_side(sc: Scale) -> Scale:
+    """The dense side of a head's scale (same sample, documents and settings; out = dense_out)."""
+    from dataclasses import replace
+
+    return replace(sc, out=sc.dense_out, sparse_docs=None, queries={}, head=None, head_dir=None)
 
 
 def load_queries(sc: Scale) -> dict:
-    """The sample's queries: qe, qc (CSR rows of the sample), dq (dense), qids, warm-up rows."""
+    """The sample's queries. Keys: qids, dq / dq_warm (dense [n, d] float32), texts / texts_warm
+    (the captions, None when the file has none), and for a head: modes (its query modes, primary
+    first), q / q_warm (mode -> CSR rows of the sample / warm-up), main / main_warm (the primary
+    mode's), vocab. Every query file is read in the order of the dense captions' ids; InputError
+    when one lacks a sampled id or the files have different vocabularies."""
     from ...formats.dense import read_dense
     from ...formats.sparse import read_sparse
 
-    out: dict = {}
     dq = read_dense(require_file(sc.dq, "dense queries"))
-    if sc.qe is not None:
-        qe = read_sparse(require_file(sc.qe, "expanded sparse queries"))
-        qc = read_sparse(require_file(sc.qc, "caption-term sparse queries"))
-        if qe.vocab != qc.vocab:
-            raise InputError(f"{sc.qe}, {sc.qc}: the two query files have different vocabularies")
-        pos_c = {q: i for i, q in enumerate(qc.ids)}
-        pos_d = {q: i for i, q in enumerate(dq.ids)}
-        missing = [q for q in qe.ids if q not in pos_c or q not in pos_d]
+    ids = dq.ids
+    out: dict = {"qids": [ids[i] for i in sc.sample],
+                 "dq": np.ascontiguousarray(dq.vectors[sc.sample], dtype=np.float32),
+                 "dq_warm": np.ascontiguousarray(dq.vectors[sc.warm], dtype=np.float32),
+                 "texts": [dq.texts[i] for i in sc.sample] if dq.texts is not None else None,
+                 "texts_warm": [dq.texts[i] for i in sc.warm] if dq.texts is not None else None,
+                 "modes": list(sc.queries), "q": {}, "q_warm": {}}
+    for mode, path in sc.queries.items():
+        f = read_sparse(require_file(path, f"{mode} sparse queries"))
+        if "vocab" in out and f.vocab != out["vocab"]:
+            raise InputError(f"{path}: its vocabulary differs from {sc.queries[sc.primary]}'s; sparsify every "
+                             "query file of a head with that head")
+        out.setdefault("vocab", f.vocab)
+        pos = {q: i for i, q in enumerate(f.ids)}
+        missing = [ids[i] for i in np.concatenate([sc.sample, sc.warm]) if ids[i] not in pos]
         if missing:
-            raise InputError(f"query id {missing[0]!r} of {sc.qe} is missing from {sc.qc} or {sc.dq}; "
-                             "all three must hold the same captions")
-        ids = qe.ids
-        qcm = qc.matrix[[pos_c[q] for q in ids]]
-        dqv = dq.vectors[[pos_d[q] for q in ids]]
-        out.update(qe=qe.matrix[sc.sample], qc=qcm[sc.sample], qe_warm=qe.matrix[sc.warm], qc_warm=qcm[sc.warm],
-                   vocab=qe.vocab)
-    else:
-        ids, dqv = dq.ids, dq.vectors
-    out["qids"] = [ids[i] for i in sc.sample]
-    out["dq"] = np.ascontiguousarray(dqv[sc.sample], dtype=np.float32)
-    out["dq_warm"] = np.ascontiguousarray(dqv[sc.warm], dtype=np.float32)
+            raise InputError(f"query id {missing[0]!r} of {sc.dq} is missing from {path}; every query file must "
+                             "hold the dense captions' ids")
+        out["q"][mode] = f.matrix[[pos[ids[i]] for i in sc.sample]]
+        out["q_warm"][mode] = f.matrix[[pos[ids[i]] for i in sc.warm]]
+    if sc.queries:
+        out["main"], out["main_warm"] = out["q"][sc.primary], out["q_warm"][sc.primary]
     return out
 
 
@@ -208,14 +238,30 @@ class Rows:
         self.qrels = _qrels(sc) if not sc.synthetic else None
         self.rows: list[dict] = []
 
-    def run(self, engine: str, mode: str, k: int, fn, warm, batch=None, **extra) -> dict:
+    def run(self, engine: str, mode: str, k: int, fn, warm, batch=None, query_mode: str | None = None,
+            split: dict | None = None, **extra) -> dict:
+        """Time fn over the sample (time_queries) and add its row. query_mode: the queries searched
+        (default: the head's primary mode; "dense" on the dense side). split: name -> seconds [n]
+        that fn fills per query (e.g. "encode"); the row gets NAME_p50_ms / NAME_mean_ms for each
+        and search_p50_ms / search_mean_ms for the rest of the time."""
         n = len(self.sc.sample)
         lat, res = time_queries(fn, n, k, warm, self.sc.settings["warmup"])
         ms = lat * 1000
-        row = {"scale": self.sc.label, "engine": engine, "mode": mode, "docs": self.ndocs, "k": k, "queries": n,
-               "p50_ms": round(float(np.percentile(ms, 50)), 3), "p99_ms": round(float(np.percentile(ms, 99)), 3),
-               "mean_ms": round(float(ms.mean()), 3), "qps_1t": round(1000 / float(ms.mean()), 1),
-               "qps_2t": time_batch(batch, n, k)}
+
+        def pct(x, p):
+            return round(float(np.percentile(x, p)), 3)
+        row = {"scale": self.sc.label, "head": self.sc.head,
+               "query_mode": query_mode or self.sc.primary or "dense", "engine": engine, "mode": mode,
+               "docs": self.ndocs, "k": k, "queries": n, "p50_ms": pct(ms, 50), "p90_ms": pct(ms, 90),
+               "p99_ms": pct(ms, 99), "mean_ms": round(float(ms.mean()), 3),
+               "qps_1t": round(1000 / float(ms.mean()), 1), "qps_2t": time_batch(batch, n, k)}
+        if split:
+            rest = ms.copy()
+            for name, sec in split.items():
+                part = np.asarray(sec) * 1000
+                rest -= part
+                row.update({f"{name}_p50_ms": pct(part, 50), f"{name}_mean_ms": round(float(part.mean()), 3)})
+            row.update({"search_p50_ms": pct(rest, 50), "search_mean_ms": round(float(rest.mean()), 3)})
         if self.exact is not None:
             row["overlap@10"] = overlap(res, self.exact, 10)
             row[f"overlap@k"] = overlap(res, self.exact, k)
@@ -223,9 +269,9 @@ class Rows:
                    and self.doc_ids is not None else {"R@1": None, "R@10": None, "RR@10": None, "S@10": None})
         row.update(extra)
         self.rows.append(row)
-        print(f"  {self.sc.label:>8} {engine:<11} {mode:<28} k={k:<4} p50 {row['p50_ms']:9.3f} ms  "
-              f"p99 {row['p99_ms']:9.3f}  qps2 {row['qps_2t']}  ov@10 {row.get('overlap@10')}  "
-              f"R@10 {row.get('R@10')}", flush=True)
+        print(f"  {self.sc.label:>8} {self.sc.head or 'dense':<6} {engine:<11} {mode:<28} k={k:<4} "
+              f"p50 {row['p50_ms']:9.3f} ms  p99 {row['p99_ms']:9.3f}  qps2 {row['qps_2t']}  "
+              f"ov@10 {row.get('overlap@10')}  R@10 {row.get('R@10')}", flush=True)
         return row
 
 
@@ -248,8 +294,26 @@ def _save(sc: Scale, job: str, rows: list[dict], info: dict) -> dict:
     return {"rows": rows, "info": info}
 
 
+def saved_rows(sc: Scale, skip: tuple[str, ...] = ()) -> list[dict]:
+    """The rows of the jobs saved in sc.out (JOB.json, JOB-TAG.json) that were measured on the
+    scale's current collection, without the files whose name starts with one of `skip`."""
+    rows, stamp = [], collection_stamp(sc)
+    for f in sorted(sc.out.glob("*.json")) if sc.out.is_dir() else []:
+        if f.stem.startswith(skip):
+            continue
+        d = json.loads(f.read_text())
+        if isinstance(d, dict) and d.get("info", {}).get("collection") == stamp:
+            rows += d["rows"]
+    return rows
+
+
+def _exact_dir(sc: Scale, kind: str) -> Path:
+    """Where the exact top-k of `kind` lives: dense kinds on the dense side (one for every head)."""
+    return sc.dense_out if kind.startswith("dense") and sc.dense_out is not None else sc.out
+
+
 def _read_exact(sc: Scale, kind: str) -> list[np.ndarray]:
-    f = np.load(require_file(sc.out / f"exact-{kind}.npz", f"exact {kind} top-k (run the exhaustive / "
+    f = np.load(require_file(_exact_dir(sc, kind) / f"exact-{kind}.npz", f"exact {kind} top-k (run the exhaustive / "
                                                                 f"faiss-flat job of this scale first)"))
     return [r[r >= 0] for r in f["rows"]]
 
@@ -258,8 +322,9 @@ def _save_exact(sc: Scale, kind: str, exact: list[np.ndarray], kmax: int) -> Non
     a = np.full((len(exact), kmax), -1, dtype=np.int64)
     for i, r in enumerate(exact):
         a[i, :len(r)] = r[:kmax]
-    sc.out.mkdir(parents=True, exist_ok=True)
-    np.savez(sc.out / f"exact-{kind}.npz", rows=a, sample=sc.sample)
+    d = _exact_dir(sc, kind)
+    d.mkdir(parents=True, exist_ok=True)
+    np.savez(d / f"exact-{kind}.npz", rows=a, sample=sc.sample)
 
 
 def _sparse_docs(sc: Scale):

@@ -39,11 +39,11 @@ def job_milvus(sc: Scale) -> dict:
     with MilvusSearcher(d) as ms:
         def rows_of(hits):
             return [pos[i] for i, _ in hits]
-        qe, dq = q["qe"], q["dq"]
+        qe, dq = q["main"], q["dq"]
         rs = Rows(sc, q, doc_ids, ndocs, exact_s)
         for k in sc.ks:
             rs.run("milvus-sparse", "Lite TAAT_NAIVE (exact)", k, lambda j, k: rows_of(ms.search_sparse(qe[j], k)[0]),
-                   lambda k: [ms.search_sparse(q["qe_warm"][j], k) for j in range(nw)],
+                   lambda k: [ms.search_sparse(q["main_warm"][j], k) for j in range(nw)],
                    lambda k: ms.search_sparse(qe, k), **common)
         rd = Rows(sc, q, doc_ids, ndocs, exact_d)
         for ef in st["ef_search"]:

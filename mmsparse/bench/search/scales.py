@@ -14,17 +14,39 @@ from .harness import Scale
 
 
 REAL_SCALES = ("flickr8k", "123k", "1m")
+DENSE = "dense"   # the directory of the dense side under OUT (no head may have this name)
 
 
-def scale_spec(label: str, args, nq_ids: int) -> Scale:
-    sd = args.work / "sparse" / args.head
+def head_query_modes(work: Path, head: str, split: str) -> list[str]:
+    """The query modes of head HEAD, primary first: its method's (WORK/heads/HEAD/config.json, e.g.
+    d2s: expand, caption-terms; inference-free: inference-free), else, without a head directory,
+    the SPLIT-captions.MODE.h5 files of WORK/sparse/HEAD (expand or inference-free first,
+    caption-terms last). InputError when neither names a mode."""
+    cfg = work / "heads" / head / "config.json"
+    if cfg.is_file():
+        from ...methods import get_method   # imports torch in this orchestrating process only
+
+        return list(get_method(json.loads(cfg.read_text())["method"]).query_modes)
+    found = [f.name[len(f"{split}-captions."):-len(".h5")]
+             for f in (work / "sparse" / head).glob(f"{split}-captions.*.h5")]
+    order = {"expand": 0, "inference-free": 1, "caption-terms": 3}
+    modes = sorted(found, key=lambda m: (order.get(m, 2), m))
+    if not modes:
+        raise InputError(f"head {head!r}: no {work / 'heads' / head / 'config.json'} and no "
+                         f"{work / 'sparse' / head}/{split}-captions.MODE.h5 query files")
+    return modes
+
+
+def scale_spec(label: str, args, nq: int, head: str | None = None) -> Scale:
+    """The Scale of `label` for head `head` (its sparse documents and query files) or, with head
+    None, for the dense side. nq: rows of the dense captions file (the sample is drawn from them
+    with --seed, so every head and the dense side time the same captions)."""
     dd = args.work / "dense" / args.backbone
-    qe, qc = sd / f"{args.split}-captions.expand.h5", sd / f"{args.split}-captions.caption-terms.h5"
     dq, qrels = dd / f"{args.split}-captions.h5", dd / f"{args.split}.qrels"
     n = int(args.queries.get(label, args.queries.get("*", 300)))
-    perm = np.random.default_rng(args.seed).permutation(nq_ids)
+    perm = np.random.default_rng(args.seed).permutation(nq)
     # warm-up queries: the permutation's last ones (outside the sample unless it holds them all)
-    sample, warm = np.sort(perm[:min(n, nq_ids)]), perm[::-1][:min(args.warmup, nq_ids)]
+    sample, warm = np.sort(perm[:min(n, nq)]), perm[::-1][:min(args.warmup, nq)]
     settings = {"warmup": len(warm), "build_threads": args.build_threads, "reuse": args.reuse, "tag": args.tag,
                 **{k: getattr(args, k) for k in ("pisa_bits", "pisa_block", "pisa_algorithms", "prune_algorithms",
                                                  "query_top_n", "query_min_weight", "query_bits", "qbits_algorithm",
@@ -32,27 +54,39 @@ def scale_spec(label: str, args, nq_ids: int) -> Scale:
                                                  "pisa_levers", "lever_algorithms", "seismic_build", "seismic_cuts",
                                                  "seismic_heaps", "seismic_at_k", "seismic_levers",
                                                  "lever_seismic_cuts", "seismic_n_knn", "hnsw_m",
-                                                 "ef_construction", "ef_search", "hnsw_max_random")}}
-    common = dict(label=label, out=args.out / label, qe=qe, qc=qc, dq=dq, sample=sample, warm=warm, ks=sorted(args.ks),
-                  settings=settings)
+                                                 "ef_construction", "ef_search", "hnsw_max_random",
+                                                 "e2e_pisa", "e2e_seismic", "e2e_ef_search", "e2e_min_overlap",
+                                                 "model")}}
+    sd = args.work / "sparse" / head if head else None
+    queries = {m: sd / f"{args.split}-captions.{m}.h5" for m in head_query_modes(args.work, head, args.split)} \
+        if head else {}
+    common = dict(label=label, out=args.out / (head or DENSE) / label, queries=queries, dq=dq, sample=sample,
+                  warm=warm, ks=sorted(args.ks), settings=settings, head=head,
+                  head_dir=args.work / "heads" / head if head else None, dense_out=args.out / DENSE / label)
     if label == "flickr8k":
-        return Scale(sparse_docs=sd / f"{args.split}-images.h5", dense_docs=dd / f"{args.split}-images.h5",
-                     qrels=qrels, **common)
+        return Scale(sparse_docs=sd / f"{args.split}-images.h5" if head else None,
+                     dense_docs=dd / f"{args.split}-images.h5", qrels=qrels, **common)
     if label in ("123k", "1m"):
-        return Scale(sparse_docs=args.collections / f"{label}.h5",
+        colls = Path(str(args.collections).replace("{head}", head)) if head else None
+        return Scale(sparse_docs=colls / f"{label}.h5" if head else None,
                      dense_docs=args.dense_collections / f"{label}.dense.h5", qrels=qrels, **common)
     if label.startswith("synthetic-"):
         nd = int(label.split("-", 1)[1])
-        data = args.out / label / "data"
-        sfile, _ = write_synthetic(sd / f"{args.split}-images.h5", qe, qc, nd, data, args.seed)
-        fit = [dd / f"{args.split}-images.h5"] + ([dd / "train-images.h5"] if (dd / "train-images.h5").is_file() else [])
+        if head:
+            data = args.out / head / label / "data"
+            sfile, _ = write_synthetic(sd / f"{args.split}-images.h5", next(iter(queries.values())), nd, data,
+                                       args.seed)
+            return Scale(sparse_docs=sfile, dense_docs=None, qrels=None, synthetic=True, **common)
+        data = args.out / DENSE / label / "data"
+        fit = [dd / f"{args.split}-images.h5"] + [f for f in [dd / "train-images.h5"] if f.is_file()]
         kinds = {k: write_synthetic_dense(fit, nd, data, k, args.seed) for k in args.dense_synthetic}
-        return Scale(sparse_docs=sfile, dense_docs=None, qrels=None, synthetic=True, dense_kinds=kinds, **common)
+        return Scale(sparse_docs=None, dense_docs=None, qrels=None, synthetic=True, dense_kinds=kinds, **common)
     raise InputError(f"--scales: {label!r} unknown; use flickr8k, 123k, 1m or synthetic-N")
 
 
-def write_synthetic(real_docs: Path, qe: Path, qc: Path, n: int, out: Path, seed: int) -> tuple[Path, dict]:
-    """The sparse synthetic collection of n documents in out/docs.h5 (kept) + its figures."""
+def write_synthetic(real_docs: Path, qe: Path, n: int, out: Path, seed: int) -> tuple[Path, dict]:
+    """The sparse synthetic collection of n documents in out/docs.h5 (kept) + its figures against
+    the queries qe (a sparse query file)."""
     from ...formats.sparse import read_sparse, write_sparse
     from ..collection import collection_stats
     from ..synthetic import synthesize
