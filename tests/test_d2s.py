@@ -259,3 +259,56 @@ def test_centred_head_subtracts_the_modality_mean(method_data):
     ref = torch.log1p(torch.relu(head.w2(head.norm(head.w1(z - head.center_image)))))
     torch.testing.assert_close(head(z, side="image"), ref)
     assert not torch.allclose(head(z, side="image"), head(z, side="text"))
+
+
+def test_top_k_gate_keeps_each_rows_largest_weights_and_their_gradient():
+    from mmsparse.methods.d2s.head import top_k_rows
+
+    s = torch.tensor([[0.5, 0.0, 2.0, 1.0], [3.0, 0.2, 0.1, 0.0]], requires_grad=True)
+    out = top_k_rows(s, 2)
+    torch.testing.assert_close(out, torch.tensor([[0.0, 0.0, 2.0, 1.0], [3.0, 0.2, 0.0, 0.0]]))
+    out.sum().backward()
+    assert s.grad.tolist() == [[0.0, 0.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0]]   # cut weights get no gradient
+    assert top_k_rows(s, 0) is s and top_k_rows(s, 9) is s                   # 0 = off; k >= |V|: nothing cut
+
+
+def test_top_k_gates_documents_and_expanded_queries_not_caption_terms(method_data, tmp_path):
+    """--doc-top-k / --query-top-k bound the terms of images and expanded queries in training,
+    validation and sparsify (recorded in the head); caption-term queries keep every own term."""
+    from mmsparse.methods.d2s.method import encode_sparse
+
+    m, head, train, _ = _method(method_data, doc_top_k=5, query_top_k=1)
+    assert (head.config["doc_top_k"], head.config["query_top_k"]) == (5, 1)
+    docs = encode_sparse(head, train.z_img, side="image")
+    queries = encode_sparse(head, train.z_cap, side="text")
+    assert np.diff(docs.indptr).max() == 5 and np.diff(queries.indptr).max() == 1
+    own = encode_sparse(head, train.z_cap, side="text", keep=train.tok)
+    assert own.nnz > 0 and np.diff(own.indptr).max() > 1                     # more than 1 own term survives
+    m.start_epoch(0)
+    loss, _ = m.loss(head, (torch.arange(40), train), 0, torch.Generator().manual_seed(0), "cpu")
+    loss.backward()                                                          # the gate trains
+    head.save_pretrained(tmp_path / "h")
+    again = load_head(tmp_path / "h")
+    assert np.diff(encode_sparse(again, train.z_img, side="image").indptr).max() == 5
+
+
+def test_caption_terms_weight_adds_the_caption_term_loss(method_data):
+    """--caption-terms-weight w adds (1-λ)·w·[ℓ(C→I) + ℓ(I→C)] with caption vectors cut to their own
+    terms; w = 0 is eq. 7 alone."""
+    from mmsparse.methods.d2s.loss import soft_ce
+
+    base, with_ct = (_method(method_data, expansion="full", l1_warmup=0, caption_terms_weight=w) for w in (0.0, 2.0))
+    idx = torch.arange(40)
+    for m in (base[0], with_ct[0]):
+        m.start_epoch(0)
+    with_ct[1].load_state_dict(base[1].state_dict())
+    l0, p0 = base[0].loss(base[1], (idx, base[2]), 0, torch.Generator().manual_seed(0), "cpu")
+    l1, p1 = with_ct[0].loss(with_ct[1], (idx, with_ct[2]), 0, torch.Generator().manual_seed(0), "cpu")
+    train, head = base[2], base[1]
+    uimg = torch.unique(train.cap_img[idx])
+    s_cap = head(train.z_cap[idx], side="text") * indicator(train.tok[idx], len(head.vocab))
+    s_img = head(train.z_img[uimg], side="image")
+    t = train.z_cap[idx] @ train.z_img[uimg].T / base[0].cfg.temperature
+    ct = soft_ce(t, s_cap @ s_img.T) + soft_ce(t.T, s_img @ s_cap.T)
+    assert "caption_terms" not in p0 and p1["caption_terms"] == pytest.approx(float(ct), rel=1e-4)
+    assert float(l1) == pytest.approx(float(l0) + 0.5 * 2.0 * float(ct), rel=1e-4)

@@ -51,6 +51,9 @@ class D2SLossConfig(TrainConfig, VocabConfig):
                          "one dominant direction per modality; projected onto the vocabulary it lights the same "
                          "few 'hub' terms in every vector (docs/d2s.md).", choices=("none", "mean"),
                          paper="none")
+    doc_top_k: int = option(0, "Keep only each image vector's k largest weights, in training (the gradient "
+                            "reaches the kept terms) and in sparsify; 0 = every positive weight. A bound on "
+                            "terms per image, as VDR's top-k gating.", min=0, paper="0 (no gate)")
 
 
 @dataclass
@@ -70,5 +73,12 @@ class D2SConfig(D2SLossConfig):
     l1_caption: str = option("masked", "Which caption vectors the sparsity term sees: masked (s̄_C, Algorithm 1's "
                              "loss input) or raw (the head's output before expansion masking).",
                              choices=("raw", "masked"), paper="masked (Algorithm 1, authors' code)")
+    query_top_k: int = option(0, "Keep only each caption vector's k largest weights (expanded queries), in "
+                              "training before the expansion mask and in sparsify; 0 = every positive weight.",
+                              min=0, paper="0 (no gate)")
+    caption_terms_weight: float = option(0.0, "Weight of a second eq. 7 contrastive term whose caption vectors keep "
+                                         "only their own terms (caption-term queries, no top-k gate), added to every "
+                                         "batch: trains the head for both query modes. 0 = eq. 7 alone.", min=0.0,
+                                         paper="0 (eq. 7)")
     pec_schedule: str = option("epoch", "epoch: raise p_c, p_v after each epoch (eq. 6); step: the same ramp "
                                "updated every step.", choices=("epoch", "step"), paper="epoch (eq. 6)")

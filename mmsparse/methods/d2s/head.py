@@ -82,8 +82,19 @@ class _LiveLogReluLinear(torch.autograd.Function):
         return gx, gw, gb
 
 
+def top_k_rows(s: torch.Tensor, k: int | None) -> torch.Tensor:
+    """s [B, L] with every entry outside each row's k largest set to 0 (k None/0 or >= L: s as is).
+    The gradient flows to the kept entries only, as VDR's top-k gating (a row with fewer than k
+    positive weights keeps them all)."""
+    if not k or k >= s.shape[1]:
+        return s
+    keep = torch.zeros_like(s).scatter_(1, s.detach().topk(int(k), dim=1).indices, 1.0)
+    return s * keep
+
+
 class D2SHead(SparseHead):
-    """config: dim (d), vocab_size (|V|), omega (ω), vocab_source, plus `training` provenance.
+    """config: dim (d), vocab_size (|V|), omega (ω), vocab_source, plus `training` provenance;
+    optional doc_top_k / query_top_k (keep each image / caption vector's k largest weights, 0 = all).
     Buffer token_ids [|V|] int64: the tokenizer id of each output term.
 
     forward: z [B, d] float32 -> s [B, |V|] float32, s >= 0.
@@ -105,13 +116,15 @@ class D2SHead(SparseHead):
 
     @classmethod
     def from_vocab(cls, dim: int, vocab, training: dict | None = None, init_bias: float = 0.0,
-                   center: str = "none") -> "D2SHead":
+                   center: str = "none", doc_top_k: int = 0, query_top_k: int = 0) -> "D2SHead":
         """A fresh head over `vocab` (mmsparse.vocab.Vocab): W2 <- vocab.embeddings [|V|, ω],
         b <- init_bias; W1 and LN use PyTorch's default init (seed torch before calling).
-        center "mean" adds the per-modality mean buffers (zero until set)."""
+        center "mean" adds the per-modality mean buffers (zero until set); doc_top_k / query_top_k
+        (0 = off) keep only each image / caption vector's k largest weights."""
         emb = torch.as_tensor(vocab.embeddings, dtype=torch.float32)
         cfg = {"dim": int(dim), "vocab_size": int(emb.shape[0]), "omega": int(emb.shape[1]),
-               "vocab_source": vocab.source, "training": dict(training or {}), "center": center}
+               "vocab_source": vocab.source, "training": dict(training or {}), "center": center,
+               "doc_top_k": int(doc_top_k), "query_top_k": int(query_top_k)}
         head = cls(cfg, vocab.terms)
         with torch.no_grad():
             head.w2.weight.copy_(emb)
@@ -127,12 +140,19 @@ class D2SHead(SparseHead):
             return z
         return z - (self.center_image if side == "image" else self.center_text)
 
-    def forward(self, z: torch.Tensor, mask: torch.Tensor | None = None, side: str = "image") -> torch.Tensor:
+    def top_k(self, side: str) -> int:
+        """k of the top-k gate of `side` (image | text); 0 = none (the paper's head)."""
+        return int(self.config.get("doc_top_k" if side == "image" else "query_top_k") or 0)
+
+    def forward(self, z: torch.Tensor, mask: torch.Tensor | None = None, side: str = "image",
+                gate: bool = True) -> torch.Tensor:
         """z [B, d] float32 -> s [B, |V|] float32 >= 0 (eq. 4-5); one head for both sides (`side`
-        only picks the mean a centred head subtracts)."""
+        picks the mean a centred head subtracts and the top-k gate, `top_k`; gate=False: no gate,
+        as caption-term queries, which keep every own term)."""
         if z.dim() != 2:
             raise ValueError(f"D2S heads take pooled vectors [B, d], got shape {tuple(z.shape)}")
-        return _LogReluLinear.apply(self.norm(self.w1(self.centered(z, side))), self.w2.weight, self.w2.bias)
+        s = _LogReluLinear.apply(self.norm(self.w1(self.centered(z, side))), self.w2.weight, self.w2.bias)
+        return top_k_rows(s, self.top_k(side)) if gate else s
 
     def forward_live(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Training forward of already centred vectors (see `centered`): (s_live [B, L] float32,

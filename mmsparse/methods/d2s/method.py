@@ -29,20 +29,21 @@ from ...trainer import warmup_steps
 from ..pairs import PairData, check_inputs, load_pairs, training_record
 from .config import D2SConfig
 from .expansion import ExpansionControl
-from .head import D2SHead
-from .loss import d2s_loss, eta_at
+from .head import D2SHead, top_k_rows
+from .loss import d2s_loss, eta_at, soft_ce, sparse_scores
 
 
 @torch.no_grad()
 def encode_sparse(head, z: torch.Tensor | np.ndarray, batch: int = 1024, keep: torch.Tensor | None = None,
                   side: str = "image") -> sp.csr_matrix:
     """Head outputs of z [N, d] (of modality `side`) as CSR [N, |V|] float32. keep: optional [N, L]
-    padded term columns (pad = |V|): zero every term not listed (caption-term queries)."""
+    padded term columns (pad = |V|): zero every term not listed (caption-term queries, which skip
+    the head's top-k gate)."""
     z = torch.as_tensor(z, dtype=torch.float32).to(next(head.parameters()).device)
     v = int(head.config["vocab_size"])
     parts = []
     for s in range(0, z.shape[0], batch):
-        out = head(z[s:s + batch], side=side)
+        out = head(z[s:s + batch], side=side, gate=keep is None)
         if keep is not None:
             out = out * indicator(keep[s:s + batch], v).to(out.device)
         parts.append(sp.csr_matrix(out.cpu().numpy()))
@@ -109,7 +110,8 @@ class D2S(Method):
         """A fresh head over `voc` for vectors of train's dimension (W2 <- word embeddings); with
         --center mean, the training mean of each modality is stored in it."""
         head = self.head_class.from_vocab(train.z_img.shape[1], voc, self.training, init_bias=self.cfg.init_bias,
-                                  center=self.cfg.center)
+                                          center=self.cfg.center, doc_top_k=self.cfg.doc_top_k,
+                                          query_top_k=getattr(self.cfg, "query_top_k", 0))
         if self.cfg.center == "mean":
             with torch.no_grad():
                 head.center_image.copy_(train.z_img.mean(0))
@@ -148,13 +150,20 @@ class D2S(Method):
         uimg = torch.unique(train.cap_img[idx])
         zc, zi = train.z_cap[idx], train.z_img[uimg]
         s, cols = head.forward_live(torch.cat([head.centered(zc, "text"), head.centered(zi, "image")]))
-        s_cap, s_img = s[: len(idx)], s[len(idx):]
-        m = self.pec.mask(indicator_cols(train.tok[idx], cols, v), generator, cols)
+        s_cap, s_img = top_k_rows(s[: len(idx)], head.top_k("text")), top_k_rows(s[len(idx):], head.top_k("image"))
+        own = indicator_cols(train.tok[idx], cols, v)
+        m = self.pec.mask(own, generator, cols)
         raw = s_cap
         if m is not None:
             s_cap = s_cap * m
         loss, parts = d2s_loss(s_cap, s_img, zc, zi, cfg.temperature, cfg.lam, eta_at(step, cfg.eta, self.l1_warm),
                                s_cap_l1=raw if cfg.l1_caption == "raw" else None, kind=cfg.sparsity_loss)
+        if cfg.caption_terms_weight > 0:   # the same teacher for caption-term queries (own terms, no gate)
+            t = (zc @ zi.T) / cfg.temperature
+            sc = sparse_scores(s[: len(idx)] * own, s_img)
+            ct = soft_ce(t, sc) + soft_ce(t.T, sc.T)
+            loss = loss + (1.0 - cfg.lam) * cfg.caption_terms_weight * ct
+            parts["caption_terms"] = float(ct.detach())
         with torch.no_grad():   # batch FLOPs proxy (eq. 1 on the batch)
             parts["flops"] = float(((s_cap > 0).float().mean(0) * (s_img > 0).float().mean(0)).sum())
         return loss, parts
@@ -203,7 +212,7 @@ class D2S(Method):
         ids, parts, texts = [], [], []
         with torch.no_grad(), open_read(dense) as f, progress.task(f"sparsify {mode}", total=n) as bar:
             for chunk_ids, vec in iter_dense(dense, chunk_rows=batch_size):
-                s = head(torch.from_numpy(vec), side="image" if mode == "doc" else "text")
+                s = head(torch.from_numpy(vec), side="image" if mode == "doc" else "text", gate=mode != "caption-terms")
                 t = read_strings(f["texts"][len(ids):len(ids) + len(chunk_ids)]) if texts_ds else None
                 if mode == "caption-terms":
                     s = s * indicator(pad_ids(to_columns(caption_token_ids(tok, t), tids), v), v)

@@ -26,13 +26,14 @@ class InferenceFreeHead(D2SHead):
         super().__init__(config, vocab)
         self.query_weight = nn.Parameter(torch.ones(int(config["vocab_size"])))
 
-    def forward(self, z: torch.Tensor, mask: torch.Tensor | None = None, side: str = "image") -> torch.Tensor:
+    def forward(self, z: torch.Tensor, mask: torch.Tensor | None = None, side: str = "image",
+                gate: bool = True) -> torch.Tensor:
         """Images only: z [B, d] float32 -> s [B, |V|] >= 0 (D2S eq. 4-5). Captions have no dense
         path: encode their text with `query_vectors` or queries.TermWeightQueryEncoder."""
         if side != "image":
             raise InputError("an inference-free head encodes captions from their text, not from dense vectors: "
                              "sparsify the caption texts (a text file or the captions' `texts`)")
-        return super().forward(z, mask, side)
+        return super().forward(z, mask, side, gate)
 
     def query_vectors(self, terms: torch.Tensor) -> torch.Tensor:
         """terms [B, L] int64 head columns padded with |V| -> q [B, |V|] float32 = max(0, w) on each

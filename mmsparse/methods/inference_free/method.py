@@ -29,6 +29,7 @@ from ...formats.sharded import open_read
 from ...metrics.exhaustive import sparse_retrieval_metrics
 from ...vocab import indicator_cols
 from ..d2s.loss import eta_at, soft_ce, sparsity
+from ..d2s.head import top_k_rows
 from ..d2s.method import D2S, encode_sparse
 from ..pairs import PairData
 from .config import InferenceFreeConfig
@@ -90,6 +91,7 @@ class InferenceFree(D2S):
         uimg = torch.unique(train.cap_img[idx])
         zc, zi = train.z_cap[idx], train.z_img[uimg]
         s_img, cols = head.forward_live(head.centered(zi, "image"))
+        s_img = top_k_rows(s_img, head.top_k("image"))
         q = indicator_cols(train.tok[idx], cols, len(head.vocab)) * head.query_weight[cols].clamp(min=0)
         with torch.no_grad():
             t = (zc @ zi.T) / cfg.temperature

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...errors import InputError
 from ..base import option
 from ..d2s.config import D2SConfig
 
@@ -50,3 +51,12 @@ class JointConfig(D2SConfig):
     caption_per_image: bool = option(True, "An epoch visits every image once with one random caption of it "
                                      "(batches of distinct pairs, as eq. 2) or every caption.",
                                      flag="--caption-per-image/--all-captions")
+
+    def validate(self) -> None:
+        """D2SConfig's checks, and InputError for the D2S options joint's loss does not implement."""
+        super().validate()
+        for name, flag in (("doc_top_k", "--doc-top-k"), ("query_top_k", "--query-top-k"),
+                           ("caption_terms_weight", "--caption-terms-weight")):
+            if getattr(self, name):
+                raise InputError(f"{flag} {getattr(self, name)}: joint heads do not take it; leave it at 0 "
+                                 "(it is a D2S option)")
