@@ -2,8 +2,8 @@
 
     python examples/flickr8k/check_results.py [WORK]      (WORK default: examples/flickr8k/work)
 
-Reads WORK/eval/dense.json, sparse.json (expanded queries) and sparse-caption-terms.json, written
-by `make -C examples/flickr8k`, and exits 1 naming every claim that no longer holds. CI runs it
+Reads WORK/eval/dense.json, sparse.json (expanded queries), sparse-caption-terms.json and
+sparse-inference-free.json (the inference-free head's queries), written by `make -C examples/flickr8k`, and exits 1 naming every claim that no longer holds. CI runs it
 after the main job, so the README's results table cannot drift from the code. The bounds below
 are the README's ("Results of the main job"); change both together.
 """
@@ -14,22 +14,43 @@ import json
 import sys
 from pathlib import Path
 
+# Where the main job's figure sits close to a target, the bound keeps a margin for what varies between
+# machines and thread counts (README "Results of the main job" says by how much); the targets the job
+# does not reach (issues 24 and 25) are named beside the bound it does hold.
+DOC_EXACT = 0.30      # image-side doc_Exact@10; target 0.40 not reached (measured 0.327)
+CAPTION_TERMS = 0.83  # caption-term R@10 / dense R@10; target 0.85 (measured 0.862)
+MAX_DF = 0.55         # doc_max_df; target 0.5 (measured 0.486)
+IF_R1 = 0.80          # inference-free R@1 / dense R@1 (measured 0.843)
+IF_R10 = 0.85         # inference-free R@10 / dense R@10; target 0.90 not reached (measured 0.877)
+
 # claim -> (eval file, key, comparison, bound); "x dense" bounds are fractions of the dense run's value
 CLAIMS = [
+    # the backbone: ../shared's dual encoder as issue 24 measured it (R@1 20.4, R@10 61.5), +- 1 point
+    ("dense R@1 = 0.204 +- 0.01", "dense", "R@1", "~", (0.204, 0.01)),
+    ("dense R@10 = 0.615 +- 0.01", "dense", "R@10", "~", (0.615, 0.01)),
+    # D2S, expanded queries: the D2S paper keeps 0.90 x dense R@1 at FLOPs 11.5
+    ("expanded-query R@1 >= 0.90 x dense R@1", "sparse", "R@1", ">=", ("dense", "R@1", 0.90)),
     ("expanded-query R@10 >= 0.95 x dense R@10", "sparse", "R@10", ">=", ("dense", "R@10", 0.95)),
-    ("FLOPs of expanded queries <= 20", "sparse", "FLOPs", "<=", 20.0),
-    ("terms per image <= 50", "sparse", "doc_terms", "<=", 50.0),
-    ("caption-side Exact@20 >= 0.13 (0.1 head: 0.104)", "sparse", "Exact@20", ">=", 0.13),
-    ("image-side doc_Exact@10 >= 0.25 (0.1 head: 0.147)", "sparse", "doc_Exact@10", ">=", 0.25),
-    ("no term in more than 95 % of the test images (0.1 head: 99.8 %)", "sparse", "doc_max_df", "<=", 0.95),
+    ("FLOPs of expanded queries <= 15", "sparse", "FLOPs", "<=", 15.0),
+    # the terms a person reads: caption side, image side, no hub term
+    ("caption-side Exact@20 >= 0.20", "sparse", "Exact@20", ">=", 0.20),
+    (f"image-side doc_Exact@10 >= {DOC_EXACT}", "sparse", "doc_Exact@10", ">=", DOC_EXACT),
+    (f"no term in more than {MAX_DF:.0%} of the test images", "sparse", "doc_max_df", "<=", MAX_DF),
+    # D2S, caption-term queries (no expansion)
+    (f"caption-term R@10 >= {CAPTION_TERMS} x dense R@10", "sparse-caption-terms", "R@10", ">=",
+     ("dense", "R@10", CAPTION_TERMS)),
     ("caption-term queries keep FLOPs <= 5", "sparse-caption-terms", "FLOPs", "<=", 5.0),
+    # inference-free head: no model at query time
+    (f"inference-free R@1 >= {IF_R1} x dense R@1", "sparse-inference-free", "R@1", ">=", ("dense", "R@1", IF_R1)),
+    (f"inference-free R@10 >= {IF_R10} x dense R@10", "sparse-inference-free", "R@10", ">=",
+     ("dense", "R@10", IF_R10)),
 ]
 
 
 def check(work: Path) -> list[str]:
     """The claims that fail, as lines "claim: key = value (bound)"; [] when all hold."""
     evals = {}
-    for name in ("dense", "sparse", "sparse-caption-terms"):
+    for name in ("dense", "sparse", "sparse-caption-terms", "sparse-inference-free"):
         p = work / "eval" / f"{name}.json"
         if not p.is_file():
             return [f"{p}: missing; run `make -C examples/flickr8k` first"]
@@ -37,14 +58,19 @@ def check(work: Path) -> list[str]:
     failed = []
     for claim, name, key, op, bound in CLAIMS:
         value = evals[name].get(key)
-        if isinstance(bound, tuple):
+        if isinstance(bound, tuple) and op != "~":
             other, okey, frac = bound
             bound = frac * evals[other][okey]
-        ok = value is not None and (value >= bound if op == ">=" else value <= bound)
+        if op == "~":
+            centre, tol = bound
+            ok, shown = value is not None and abs(value - centre) <= tol, f"{centre:.4g} +- {tol:.4g}"
+        else:
+            ok = value is not None and (value >= bound if op == ">=" else value <= bound)
+            shown = f"{op} {bound:.4g}"
         print(f"{'ok  ' if ok else 'FAIL'} {claim}: {key} = {value if value is None else round(value, 4)} "
-              f"({op} {bound:.4g})")
+              f"({shown})")
         if not ok:
-            failed.append(f"{claim}: {key} = {value} ({op} {bound:.4g})")
+            failed.append(f"{claim}: {key} = {value} ({shown})")
     return failed
 
 
