@@ -30,7 +30,7 @@ from ...metrics.exhaustive import sparse_retrieval_metrics
 from ...vocab import indicator_cols
 from ..d2s.loss import eta_at, soft_ce, sparsity
 from ..d2s.head import top_k_rows
-from ..d2s.method import D2S, encode_sparse
+from ..d2s.method import D2S, encode_sparse, format_epoch_line
 from ..pairs import PairData
 from .config import InferenceFreeConfig
 from .head import InferenceFreeHead, idf
@@ -116,10 +116,7 @@ class InferenceFree(D2S):
         pass
 
     def epoch_line(self, r: dict) -> str:
-        v = r.get("val") or {}
-        return (f"epoch {r['epoch']}: loss {r['loss']:.3f} batch-FLOPs {r['flops']:.1f}"
-                + (f" | val R@1 {v['R@1']:.4f} R@10 {v['R@10']:.4f} FLOPs {v['FLOPs']:.1f} "
-                   f"terms/img {v['d_nnz']:.0f} terms/cap {v['q_nnz']:.1f}" if v else "") + f" ({r['seconds']:.0f}s)")
+        return format_epoch_line(r, cap_digits=1)
 
     # -- inference ------------------------------------------------------------------------
     @classmethod
