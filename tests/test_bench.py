@@ -196,6 +196,7 @@ def test_collections_drop_views_of_the_originals(tmp_path):
     assert "mixture-check" not in paths["counts"]
 
 
+@pytest.mark.slow  # real images through the backbone
 def test_views_of_real_images(tmp_path, flickr8k_dir, dual_encoder_dir):
     """bench.views on 6 real images: ids, sources, unit vectors, resume gives the same rows, and a
     view is closer to its own image's encoding than to the other images'."""
@@ -380,6 +381,7 @@ def tiny_workspace(root, rng, n_docs=150, n_q=40):
     return docs, q, qc, xd, xq, fd, fq
 
 
+@pytest.mark.slow  # every engine's job process: ~40 s
 def test_bench_harness_small(tmp_path):
     """The harness on a tiny workspace (real PISA, Seismic, Faiss): its exact references equal numpy's,
     two-stage's overlap equals the one computed here from its candidate set, R@10 matches the qrels."""
@@ -473,6 +475,7 @@ def test_bench_harness_small(tmp_path):
     assert again[("synthetic-300", None, "faiss-hnsw", "ef=16 [gaussian]", 10)]  # a scale not re-run keeps its rows
 
 
+@pytest.mark.slow  # a Milvus Lite job process
 def test_bench_milvus_job(tmp_path):
     """The Milvus Lite job on the tiny workspace: its sparse rows (Lite scores exhaustively) agree
     with numpy's exact top-10, its dense HNSW rows reach a recall bound against exact dense."""
@@ -496,6 +499,7 @@ def test_bench_milvus_job(tmp_path):
     assert sp_row["bytes_per_doc"] > 0 and sp_row["p50_ms"] > 0
 
 
+@pytest.mark.slow  # end-to-end job on real heads: ~50 s
 def test_endtoend_real_heads(tmp_path, search_setup):
     """The end-to-end job on real text: search_setup's 100 Flickr8k test images, 500 captions, the
     real dual encoder and its D2S head, plus an inference-free head trained here for one epoch.

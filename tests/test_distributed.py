@@ -32,6 +32,9 @@ from mmsparse.formats.sharded import (
     write_manifest,
 )
 
+# Ray starts, sharded encodes of real images: ~3 minutes on 2 cores (CI runs -m slow)
+pytestmark = pytest.mark.slow
+
 ray = pytest.importorskip("ray", reason="the 'scale' extra (pip install -e '.[scale]') is not installed")
 
 N_IMAGES = 200

@@ -101,6 +101,7 @@ def test_cli_errors(run_cli, flickr8k_dir, tmp_path):
     assert code == 2 and "--precision 'fp8'" in err
 
 
+@pytest.mark.slow  # two real encodes: ~25 s
 def test_workers_give_byte_identical_vectors(flickr8k_dir, dual_encoder_dir, tmp_path):
     """64 real images through the DataLoader with 2 worker processes and in this process."""
     recs = read_karpathy(flickr8k_dir / "dataset_flickr8k.json", flickr8k_dir / "images")["test"].images[:64]

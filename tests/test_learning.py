@@ -14,6 +14,9 @@ import pytest
 import mmsparse
 from mmsparse.formats import read_dense
 
+# encodes 400 real images with every state and trains three heads: ~1.5 minutes (CI runs -m slow)
+pytestmark = pytest.mark.slow
+
 CHANCE_R10 = 10 / 100
 
 # Short CPU schedules (the examples' settings, scaled to 300 training images); every method gets

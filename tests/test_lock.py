@@ -144,6 +144,7 @@ def test_two_encode_dense_processes_of_one_output(images, tiny_clip, tmp_path):
     assert not (out / "all-images.h5.partial").exists() and not (out / ".all-images.h5.lock").exists()
 
 
+@pytest.mark.slow  # two encode processes, one waiting: ~20 s
 def test_second_encode_waits_and_keeps_the_first_ones_output(images, tiny_clip, tmp_path):
     out = tmp_path / "dense"
     go = tmp_path / "go"

@@ -19,6 +19,9 @@ import mmsparse
 from mmsparse import settings
 from mmsparse.formats import read_dense, read_qrels
 
+# the paper examples end to end: ~2.5 minutes on 2 cores (CI runs -m slow)
+pytestmark = pytest.mark.slow
+
 EXAMPLES = settings.REPO_ROOT / "examples"
 PAPER = {"mscoco-blip": ("blip", "Salesforce/blip-itm-base-coco", "dataset_coco.json"),
          "flickr30k-albef": ("albef", "models/albef-flickr30k", "dataset_flickr30k.json")}

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import h5py
+import pytest
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -20,6 +21,7 @@ def python_api_block() -> str:
     return m.group(1)
 
 
+@pytest.mark.slow  # the README's whole Python API example on real images: ~130 s
 def test_python_api_example_runs(tmp_path, monkeypatch, flickr8k_dir, dual_encoder_dir, capsys):
     monkeypatch.chdir(tmp_path)
     exec(compile(python_api_block(), str(README), "exec"), {"__name__": "readme"})

@@ -181,6 +181,7 @@ def test_images_only_from_the_image_root(server, image_root, search_setup):
     assert safe_image_path(root, image_root["not_indexed"], known_ids=set(image_root["ids"])) is None
 
 
+@pytest.mark.slow  # 1,000 requests: ~40 s
 def test_load_1000_requests_at_concurrency_8(server, capsys):
     """1,000 GET /search on loopback, 8 in flight: 6 texts x k in {10, 20} x none or one dropped
     term (the page's use), so most requests hit the encoded-query cache and the first of each
