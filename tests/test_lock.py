@@ -123,6 +123,7 @@ def _wait_for_lock(lock: Path, pid: int, proc: subprocess.Popen) -> None:
     pytest.fail(f"{lock} never held by {pid}")
 
 
+@pytest.mark.slow  # two encode-dense processes: ~20 s
 def test_two_encode_dense_processes_of_one_output(images, tiny_clip, tmp_path):
     out = tmp_path / "dense"
     target = out / "all-images.h5"

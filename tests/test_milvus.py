@@ -144,6 +144,7 @@ def test_dense_topk_equals_faiss_flat(real, run_cli, tmp_path):
         assert [d for d, _ in a] == [real.img_ids[j] for j in np.argsort(-exact[i])[:k]]
 
 
+@pytest.mark.slow  # two Milvus Lite collections: ~13 s
 def test_hybrid_is_deterministic_and_fuses_the_routes(real, run_cli, tmp_path):
     k, c = 10, 20
     runs = []

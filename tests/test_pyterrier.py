@@ -17,6 +17,7 @@ from mmsparse.pyterrier import (DenseQueryEncoder, PisaRetriever, SparseQueryEnc
                                 qrels_frame, retriever, topics_frame)
 
 
+@pytest.mark.slow  # a PyTerrier experiment beside the shell chain: ~12 s
 def test_experiment_matches_the_shell_chain(search_setup, run_cli, tmp_path, capfd):
     s = search_setup
     caps, qrels = s["dense"] / "test-captions.h5", s["dense"] / "test.qrels"
