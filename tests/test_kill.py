@@ -46,7 +46,7 @@ def same_files(a: Path, b: Path, skip=()) -> None:
         assert a.read_bytes() == b.read_bytes(), f"{a} != {b}"
         return
     fb = sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
-    assert fa == fb
+    assert fa == fb, f"only in {a.name}: {sorted(set(fa) - set(fb))}, only in {b.name}: {sorted(set(fb) - set(fa))}"
     for r in fa:
         if r.name not in skip:
             assert (a / r).read_bytes() == (b / r).read_bytes(), r
