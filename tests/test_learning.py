@@ -36,8 +36,7 @@ SCHEDULES = {
 }
 # share of the dense model's validation R@10 each method must keep, and the multiple of chance it must
 # reach (measured on the pretrained backbone: d2s 0.80 at FLOPs 6.3 against dense 0.93, while after one
-# epoch it scores 0.55 (0.59 x dense), so 0.8 x dense is what proves learning;
-# VDR is weakest here)
+# epoch it scores 0.55 (0.59 x dense), so 0.8 x dense is what proves learning; VDR is weakest here)
 KEEP = {"d2s": 0.8, "joint": 0.8, "vdr": 0.4}
 ABOVE_CHANCE = {"d2s": 3.0, "joint": 3.0, "vdr": 2.0}
 

@@ -65,7 +65,6 @@ def evaluate_head(head, data: PairData, query_mode: str = "expand") -> dict:
     return sparse_retrieval_metrics(encode_queries(head, data, query_mode), d, data.cap_img.cpu().numpy())
 
 
-
 def format_epoch_line(r: dict, extra: str = "", cap_digits: int = 0) -> str:
     """The log line of one epoch record `r` (trainer history): loss, batch FLOPs, `extra`, and the
     validation figures when the epoch was validated."""
@@ -74,6 +73,7 @@ def format_epoch_line(r: dict, extra: str = "", cap_digits: int = 0) -> str:
             + (f" | val R@1 {v['R@1']:.4f} R@10 {v['R@10']:.4f} FLOPs {v['FLOPs']:.1f} "
                f"terms/img {v['d_nnz']:.0f} terms/cap {v['q_nnz']:.{cap_digits}f}" if v else "")
             + f" ({r['seconds']:.0f}s)")
+
 
 class D2S(Method):
     """Dense2Sparse with probabilistic expansion control (D2S paper §4)."""
