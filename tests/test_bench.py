@@ -555,6 +555,12 @@ def test_endtoend_real_heads(tmp_path, search_setup):
     assert e2e[("inference-free", "seismic")]["choice"].startswith("seismic job's fastest" if ok else "default")
     md = (work / "bench" / "search.md").read_text()
     assert "## end to end" in md and "| inference-free | if | pisa |" in md
+    # --e2e-seismic none: PISA alone, no Seismic build (what the 1M run needs)
+    main(["--work", str(work), "--heads", "if", "--scales", "flickr8k", "--ks", "10", "--queries", "flickr8k:30",
+          "--warmup", "3", "--jobs", "endtoend", "--e2e-seismic", "none", "--build-threads", "1"])
+    rows = json.loads((work / "bench" / "if" / "flickr8k" / "endtoend.json").read_text())["rows"]
+    assert [(r["query_mode"], r["engine"]) for r in rows] == [("inference-free", "pisa")]
+    assert rows[0]["R@10"] == r["R@10"] and rows[0]["overlap@10"] == r["overlap@10"]
 
 
 def test_goals_of_issue_25():

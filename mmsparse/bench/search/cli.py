@@ -137,7 +137,8 @@ def parse_args(argv=None):
                    "the query mode at this scale, else maxscore)")
     p.add_argument("--e2e-seismic", default="auto", help="endtoend: Seismic query_cut:heap_factor[:n_knn] on the "
                    "scale's --seismic-build (auto: the seismic jobs' fastest configuration with overlap@10 >= "
-                   "--e2e-min-overlap on the head's primary queries, its build included, else 10:0.8)")
+                   "--e2e-min-overlap on the head's primary queries, its build included, else 10:0.8; none: PISA only, "
+                   "no Seismic build)")
     p.add_argument("--e2e-ef-search", default="auto", help="endtoend: HNSW efSearch (auto: the faiss-hnsw job's "
                    "fastest with overlap@10 >= --e2e-min-overlap at this scale, else 64)")
     p.add_argument("--e2e-min-overlap", type=float, default=0.95, help="endtoend: overlap@10 the auto choices need")

@@ -54,6 +54,10 @@ class D2SLossConfig(TrainConfig, VocabConfig):
     doc_top_k: int = option(0, "Keep only each image vector's k largest weights, in training (the gradient "
                             "reaches the kept terms) and in sparsify; 0 = every positive weight. A bound on "
                             "terms per image, as VDR's top-k gating.", min=0, paper="0 (no gate)")
+    image_dropout: float = option(0.0, "Dropout on the image vectors the head sees in training (the teacher sees "
+                                  "them whole): the probability of zeroing each of the d coordinates. A "
+                                  "regulariser against learning the training images' words by heart. 0 = off.",
+                                  min=0.0, max=0.9, paper="0 (off)")
 
 
 @dataclass

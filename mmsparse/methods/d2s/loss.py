@@ -66,6 +66,16 @@ def d2s_loss(s_cap: torch.Tensor, s_img: torch.Tensor, z_cap: torch.Tensor, z_im
     return loss, {k: float(x.detach()) for k, x in (("ci", ci), ("ic", ic), ("l1_img", l1_img), ("l1_cap", l1_cap))}
 
 
+def drop_coordinates(z: torch.Tensor, p: float, generator: torch.Generator) -> torch.Tensor:
+    """Inverted dropout on z [B, d]: each coordinate zeroed with probability p, the rest scaled by
+    1/(1-p). The mask is drawn on the CPU from `generator` (the trainer's), so a run repeats and
+    resumes exactly on any device. p = 0 returns z."""
+    if p <= 0:
+        return z
+    keep = torch.rand(z.shape, generator=generator) >= p
+    return z * keep.to(z.device) / (1.0 - p)
+
+
 def eta_at(step: int, eta: float, warmup_steps: int) -> float:
     """L1 weight at optimizer step `step` (0-based): quadratic ramp η·min(1, (step/N)²) over the
     first N = warmup_steps steps (as SPLADE does for its FLOPS regulariser); N = 0: constant η."""

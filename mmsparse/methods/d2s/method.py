@@ -30,7 +30,7 @@ from ..pairs import PairData, check_inputs, load_pairs, training_record
 from .config import D2SConfig
 from .expansion import ExpansionControl
 from .head import D2SHead, top_k_rows
-from .loss import d2s_loss, eta_at, soft_ce, sparse_scores
+from .loss import d2s_loss, drop_coordinates, eta_at, soft_ce, sparse_scores
 
 
 @torch.no_grad()
@@ -159,7 +159,8 @@ class D2S(Method):
         idx = idx.to(train.z_cap.device)
         uimg = torch.unique(train.cap_img[idx])
         zc, zi = train.z_cap[idx], train.z_img[uimg]
-        s, cols = head.forward_live(torch.cat([head.centered(zc, "text"), head.centered(zi, "image")]))
+        zi_in = drop_coordinates(head.centered(zi, "image"), cfg.image_dropout, generator)   # teacher: zi whole
+        s, cols = head.forward_live(torch.cat([head.centered(zc, "text"), zi_in]))
         s_cap, s_img = top_k_rows(s[: len(idx)], head.top_k("text")), top_k_rows(s[len(idx):], head.top_k("image"))
         own = indicator_cols(train.tok[idx], cols, v)
         m = self.pec.mask(own, generator, cols)

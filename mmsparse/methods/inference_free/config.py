@@ -23,3 +23,9 @@ class InferenceFreeConfig(D2SLossConfig):
     query_lr: float = option(1e-3, "AdamW peak learning rate of the term-weight table (0 = keep the initial "
                              "weights fixed, as a frozen IDF table).", min=0.0,
                              paper="learned, as sentence-transformers' SparseStaticEmbedding")
+    eta_query_flops: float = option(0.0, "η_q, weight of a second document-side term, the expected FLOPs of the "
+                                    "training captions' queries: Σ_t p_q(t)·mean_i s_it, p_q(t) = fraction of "
+                                    "training captions holding term t. It penalises a document term by how often "
+                                    "queries hit it, so the posting lists every query walks (\".\", \"a\") "
+                                    "shorten first; added as λ·η_q·(that sum). 0 = off.", min=0.0,
+                                    paper="0 (off; cf. DF-FLOPS, Porco et al. 2025)")

@@ -5,7 +5,7 @@ Per batch (the captions' distinct images as candidates, as D2S):
 
     s_I = head(z_I) [U, |V|]                  D2S eq. 4-5 (the live columns only, exact)
     q_C = max(0, w) ⊙ 1[t ∈ C] [B, |V|]         the table (queries.py): no model on the query side
-    L   = (1 - λ)[ℓ(I→C) + ℓ(C→I)] + λ·η_t·R(s_I)
+    L   = (1 - λ)[ℓ(I→C) + ℓ(C→I)] + λ·η_t·R(s_I) + λ·η_q,t·Σ_t p_q(t)·mean_i s_it
 
 ℓ is D2S eq. 7's cross-entropy between the dense teacher softmax(z_Cᵀz_I/τ) and the student
 softmax(q_Cᵀs_I). The sparsity term R sees the images only (FLOPs by default): the queries'
@@ -16,6 +16,14 @@ Inference-Free Learned Sparse Retrievers", arXiv 2411.04403), here with the tabl
 sentence-transformers' SparseStaticEmbedding allows (OpenSearch's doc-only encoders freeze it).
 Adopted from that literature: IDF query weights, document-only FLOPs; not adopted: their ℓ0
 relaxation (Shen et al. 2025) and ensemble teachers (one dense teacher here, as D2S).
+
+The last term (--eta-query-flops, off by default) is the expected FLOPs of the training queries,
+D2S eq. 1 with the query side known: p_q(t) is the share of training captions holding term t, so
+a document term costs in proportion to how many queries walk its posting list ("." and "a" most).
+DF-FLOPS (Porco et al. 2025, arXiv 2505.15070) weights the FLOPs term by document frequency for
+the same end; here the weight is the query side's, which an inference-free head knows exactly.
+--image-dropout (D2SLossConfig) drops coordinates of the image vectors the head sees (never the
+teacher's): the image side otherwise learns the training captions' words by heart.
 """
 
 from __future__ import annotations
@@ -27,8 +35,8 @@ from ...errors import InputError
 from ...formats._h5 import read_strings
 from ...formats.sharded import open_read
 from ...metrics.exhaustive import sparse_retrieval_metrics
-from ...vocab import indicator_cols
-from ..d2s.loss import eta_at, soft_ce, sparsity
+from ...vocab import document_frequency, indicator_cols
+from ..d2s.loss import drop_coordinates, eta_at, soft_ce, sparsity
 from ..d2s.head import top_k_rows
 from ..d2s.method import D2S, encode_sparse, format_epoch_line
 from ..pairs import PairData
@@ -64,6 +72,8 @@ class InferenceFree(D2S):
         head, train, val = self.load_data(inputs, progress)
         if self.cfg.query_init == "idf":
             head.set_query_weights(idf(train.token_ids, len(head.vocab)))
+        # p_q(t): the share of training captions holding term t, the weights of the expected-FLOPs term
+        self.query_df = torch.as_tensor(document_frequency(train.token_ids, len(head.vocab)), dtype=torch.float32)
         return head, train, val
 
     def param_groups(self, head) -> list[dict]:
@@ -90,7 +100,7 @@ class InferenceFree(D2S):
         idx = idx.to(train.z_cap.device)
         uimg = torch.unique(train.cap_img[idx])
         zc, zi = train.z_cap[idx], train.z_img[uimg]
-        s_img, cols = head.forward_live(head.centered(zi, "image"))
+        s_img, cols = head.forward_live(drop_coordinates(head.centered(zi, "image"), cfg.image_dropout, generator))
         s_img = top_k_rows(s_img, head.top_k("image"))
         q = indicator_cols(train.tok[idx], cols, len(head.vocab)) * head.query_weight[cols].clamp(min=0)
         with torch.no_grad():
@@ -99,9 +109,15 @@ class InferenceFree(D2S):
         ci, ic = soft_ce(t, s), soft_ce(t.T, s.T)
         reg = sparsity(s_img, cfg.sparsity_loss)
         loss = (1.0 - cfg.lam) * (ci + ic) + cfg.lam * eta_at(step, cfg.eta, self.l1_warm) * reg
+        if cfg.eta_query_flops > 0:   # expected FLOPs of the training queries: Σ_t p_q(t)·mean_i s_it
+            qf = (self.query_df[cols.cpu()].to(s_img.device) * s_img.mean(0)).sum()
+            loss = loss + cfg.lam * eta_at(step, cfg.eta_query_flops, self.l1_warm) * qf
         with torch.no_grad():
             flops = float(((q > 0).float().mean(0) * (s_img > 0).float().mean(0)).sum())
-        return loss, {"ci": float(ci.detach()), "ic": float(ic.detach()), "l1_img": float(reg.detach()), "flops": flops}
+        parts = {"ci": float(ci.detach()), "ic": float(ic.detach()), "l1_img": float(reg.detach()), "flops": flops}
+        if cfg.eta_query_flops > 0:
+            parts["query_flops"] = float(qf.detach())
+        return loss, parts
 
     def validate(self, head, val: PairData) -> dict:
         return {**evaluate_head(head, val), "query_mode": "inference-free"}
