@@ -49,9 +49,9 @@ def frontier_plot(rows: list[dict], path: Path, k: int = 10) -> None:
     exact top-10; ticks labelled with overlap@10), so the region the goals are about (overlap 0.9
     to 1) is wide. A sparse engine's overlap is against its own head's exhaustive ranking, a dense
     engine's against Faiss Flat. Each (engine, head) line is its frontier, a staircase; colour =
-    engine, line style = head (hollow markers: the second head by name). The fastest sparse row of each head
-    and the fastest HNSW row at overlap >= 0.95 are named in boxes; the dashed line is 3 x that
-    HNSW p50. End-to-end rows are left out (they have their own table).
+    engine, line style = head (hollow markers: the second head by name). The fastest sparse row of
+    each head and the fastest HNSW row at overlap >= 0.95 are named in boxes; the dashed line is 3 x
+    that HNSW p50. End-to-end rows are left out (they have their own table).
     """
     import matplotlib
 
@@ -61,7 +61,7 @@ def frontier_plot(rows: list[dict], path: Path, k: int = 10) -> None:
 
     rows = search_only(rows)
     scales = list(dict.fromkeys(r["scale"] for r in rows))
-    heads = sorted({r["head"] for r in rows if r.get("head") is not None})   # by name: the same styles whatever ran last
+    heads = sorted({r["head"] for r in rows if r.get("head") is not None})   # by name, not by run order
     line = {h: HEAD_LINES[i % len(HEAD_LINES)] for i, h in enumerate(heads)}
     width, height = max(9.0, 6.8 * len(scales)), 6.4
     fig, axes = plt.subplots(1, len(scales), figsize=(width, height), squeeze=False)
