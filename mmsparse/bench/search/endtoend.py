@@ -273,23 +273,22 @@ def _sparse_rows(sc: Scale, q: dict) -> tuple[list[dict], dict]:
     saved = saved_rows(sc, skip=("endtoend",))
     pd, pmeta, _ = pisa_default_build(sc)
     ps = PisaSearcher(pd, threads=1)
-    engines, metas = [("pisa", None)], {"pisa": pmeta}
+    metas, seismic = {"pisa": pmeta}, ()
     if sc.settings["e2e_seismic"] != "none":   # none: PISA only (a Seismic build at 1M takes ~40 min on 2 cores)
         build, (qc, hf, nk), s_why = _seismic_choice(sc, saved)
         sd, metas["seismic"], _ = _seismic_build(sc, build)
         ss = SeismicSearcher(sd, threads=1, query_cut=qc, heap_factor=hf, n_knn=nk)
-        engines.append(("seismic", (lambda x, k: ss.search_one(x[0], x[1], k)[0],
-                                    f"qc={qc} hf={hf}" + (f" knn={nk}" if nk else ""),
-                                    dict(query_cut=qc, heap_factor=hf, n_knn=nk, build=build, choice=s_why,
-                                         index=sd.name))))
+        seismic = (("seismic", lambda x, k: ss.search_one(x[0], x[1], k)[0],
+                    f"qc={qc} hf={hf}" + (f" knn={nk}" if nk else ""),
+                    dict(query_cut=qc, heap_factor=hf, n_knn=nk, build=build, choice=s_why, index=sd.name)),)
     out = []
     for mode, (encode, exact, common) in modes.items():
         rows = Rows(sc, q, doc_ids, ndocs, exact)
         algo, p_why = _pisa_choice(sc, saved, mode)
         ps.query_algorithm = algo
-        engines[0] = ("pisa", (lambda x, k: ps.search_one(x[0], x[1], k)[0], algo,
-                               dict(algorithm=algo, choice=p_why, index=pd.name)))
-        for engine, (search, label, extra) in engines:
+        for engine, search, label, extra in (
+                ("pisa", lambda x, k: ps.search_one(x[0], x[1], k)[0], algo,
+                 dict(algorithm=algo, choice=p_why, index=pd.name)), *seismic):
             enc_s = np.zeros(n)
             rows.run(engine, label, K, _fn(encode, search, texts, doc_ids, enc_s),
                      _warm(encode, search, q["texts_warm"], doc_ids), split={"encode": enc_s},

@@ -109,13 +109,12 @@ class InferenceFree(D2S):
         ci, ic = soft_ce(t, s), soft_ce(t.T, s.T)
         reg = sparsity(s_img, cfg.sparsity_loss)
         loss = (1.0 - cfg.lam) * (ci + ic) + cfg.lam * eta_at(step, cfg.eta, self.l1_warm) * reg
-        if cfg.eta_query_flops > 0:   # expected FLOPs of the training queries: Σ_t p_q(t)·mean_i s_it
-            qf = (self.query_df[cols.cpu()].to(s_img.device) * s_img.mean(0)).sum()
-            loss = loss + cfg.lam * eta_at(step, cfg.eta_query_flops, self.l1_warm) * qf
         with torch.no_grad():
             flops = float(((q > 0).float().mean(0) * (s_img > 0).float().mean(0)).sum())
         parts = {"ci": float(ci.detach()), "ic": float(ic.detach()), "l1_img": float(reg.detach()), "flops": flops}
-        if cfg.eta_query_flops > 0:
+        if cfg.eta_query_flops > 0:   # expected FLOPs of the training queries: Σ_t p_q(t)·mean_i s_it
+            qf = (self.query_df[cols.cpu()].to(s_img.device) * s_img.mean(0)).sum()
+            loss = loss + cfg.lam * eta_at(step, cfg.eta_query_flops, self.l1_warm) * qf
             parts["query_flops"] = float(qf.detach())
         return loss, parts
 
