@@ -383,3 +383,30 @@ def _page_shows_the_encoder(url: str, tmp_path) -> None:
         if cdp is not None:
             cdp.close()
         _stop(proc)
+
+
+def test_encode_one_is_the_training_time_query(inference_free_setup, files):
+    """`encode_one` (the per-query path of query/serve/the end-to-end benchmark) gives the terms and
+    weights training scored: the head's query_vectors on caption_token_ids' columns; special-token
+    strings, unknown words and repeats included."""
+    import torch
+
+    from mmsparse.methods.head import load_head, require_tokenizer
+    from mmsparse.vocab import caption_token_ids, to_columns
+
+    head = load_head(inference_free_setup["head"])
+    tok = require_tokenizer(head, inference_free_setup["head"])
+    table = TermWeightQueryEncoder.load(inference_free_setup["head"])
+    texts = [*files["captions"].texts[:40], "[CLS] a dog [SEP] dog dog [MASK]", "zxqv ünïcödé 🐕", ""]
+    cols = to_columns(caption_token_ids(tok, texts), head.token_ids.numpy(), len(tok))
+    width = max(1, max(len(c) for c in cols))
+    terms = torch.from_numpy(np.stack([np.pad(c, (0, width - len(c)), constant_values=len(head.vocab)) for c in cols]))
+    with torch.no_grad():
+        want = head.query_vectors(terms).numpy()
+    m = table.encode(texts)
+    for i, text in enumerate(texts):
+        ids, w = table.encode_one(text)
+        assert ids.dtype == np.int32 and w.dtype == np.float32 and (np.diff(ids) > 0).all()
+        assert ids.tolist() == np.flatnonzero(want[i]).tolist(), text
+        np.testing.assert_allclose(w, want[i][ids], rtol=1e-6)
+        assert m.indices[m.indptr[i]:m.indptr[i + 1]].tolist() == ids.tolist()

@@ -115,12 +115,7 @@ def _table(sc: Scale, mode: str):
     """Inference-free queries: the head's term-weight table, no model. text -> (ids, weights)."""
     from ...methods.inference_free.queries import TermWeightQueryEncoder
 
-    enc = TermWeightQueryEncoder.load(sc.head_dir)
-
-    def encode(text):
-        m = enc.encode([text])
-        return m.indices, m.data
-    return encode
+    return TermWeightQueryEncoder.load(sc.head_dir).encode_one
 
 
 ENCODERS = {"expand": _d2s, "caption-terms": _d2s, "inference-free": _table}
