@@ -400,7 +400,8 @@ def test_encode_one_is_the_training_time_query(inference_free_setup, files):
     texts = [*files["captions"].texts[:40], "[CLS] a dog [SEP] dog dog [MASK]", "zxqv ünïcödé 🐕", ""]
     cols = to_columns(caption_token_ids(tok, texts), head.token_ids.numpy(), len(tok))
     width = max(1, max(len(c) for c in cols))
-    terms = torch.from_numpy(np.stack([np.pad(c, (0, width - len(c)), constant_values=len(head.vocab)) for c in cols]))
+    pad = len(head.vocab)   # query_vectors' padding column
+    terms = torch.from_numpy(np.stack([np.pad(c, (0, width - len(c)), constant_values=pad) for c in cols]))
     with torch.no_grad():
         want = head.query_vectors(terms).numpy()
     m = table.encode(texts)

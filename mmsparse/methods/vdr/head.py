@@ -10,8 +10,8 @@ vector as L = 1 where no states are stored):
     E(x) = V(x) ⊙ G(x)                                  eq. 2
 
 W is initialised from the vocabulary's input embeddings [|V|, ω] when h = ω (MiniLM token states
-are; the hf-dual EfficientNet-Lite0's 1,280 patch channels are not), else N(0, 0.02²). elu1p is monotone, so
-max-pooling the pre-activations and applying elu1p once gives the same V(x).
+are; the hf-dual EfficientNet-Lite0's 1,280 patch channels are not), else N(0, 0.02²). elu1p is
+monotone, so max-pooling the pre-activations and applying elu1p once gives the same V(x).
 
 The head directory also holds `tokenizer/` (bag of words of texts without stored token ids).
 """
