@@ -392,16 +392,14 @@ def test_encode_one_is_the_training_time_query(inference_free_setup, files):
     import torch
 
     from mmsparse.methods.head import load_head, require_tokenizer
-    from mmsparse.vocab import caption_token_ids, to_columns
+    from mmsparse.vocab import caption_token_ids, pad_ids, to_columns
 
     head = load_head(inference_free_setup["head"])
     tok = require_tokenizer(head, inference_free_setup["head"])
     table = TermWeightQueryEncoder.load(inference_free_setup["head"])
     texts = [*files["captions"].texts[:40], "[CLS] a dog [SEP] dog dog [MASK]", "zxqv ünïcödé 🐕", ""]
     cols = to_columns(caption_token_ids(tok, texts), head.token_ids.numpy(), len(tok))
-    width = max(1, max(len(c) for c in cols))
-    pad = len(head.vocab)   # query_vectors' padding column
-    terms = torch.from_numpy(np.stack([np.pad(c, (0, width - len(c)), constant_values=pad) for c in cols]))
+    terms = torch.from_numpy(pad_ids(cols, len(head.vocab)))   # padded with |V|, as training pads them
     with torch.no_grad():
         want = head.query_vectors(terms).numpy()
     m = table.encode(texts)

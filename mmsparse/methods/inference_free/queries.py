@@ -107,8 +107,7 @@ class TermWeightQueryEncoder:
         indptr = np.cumsum([0] + [len(c) for c, _ in parts], dtype=np.int64)
         ind = np.concatenate([c for c, _ in parts]) if parts else np.zeros(0, dtype=np.int32)
         dat = np.concatenate([w for _, w in parts]) if parts else np.zeros(0, dtype=np.float32)
-        return sp.csr_matrix((dat.astype(np.float32), ind.astype(np.int32), indptr),
-                             shape=(len(texts), self.vocab_size))
+        return sp.csr_matrix((dat, ind, indptr), shape=(len(texts), self.vocab_size))   # float32, int32
 
     def terms(self, text: str) -> list[tuple[str, float]]:
         """(term, weight) pairs of `text`'s query, heaviest first: what the search page shows."""
