@@ -292,18 +292,24 @@ def test_top_k_gates_documents_and_expanded_queries_not_caption_terms(method_dat
     assert np.diff(encode_sparse(again, train.z_img, side="image").indptr).max() == 5
 
 
+def _loss_with_and_without(method_data, idx, **option):
+    """(the option-0 method tuple, its (loss, parts), the option's (loss, parts)) on batch `idx`,
+    both heads with the same weights (expansion full, no sparsity warm-up)."""
+    (name, w), = option.items()
+    base, other = (_method(method_data, expansion="full", l1_warmup=0, **{name: x}) for x in (0.0, w))
+    for m in (base[0], other[0]):
+        m.start_epoch(0)
+    other[1].load_state_dict(base[1].state_dict())
+    return base, *(m.loss(h, (idx, t), 0, torch.Generator().manual_seed(0), "cpu") for m, h, t, _ in (base, other))
+
+
 def test_caption_terms_weight_adds_the_caption_term_loss(method_data):
     """--caption-terms-weight w adds (1-λ)·w·[ℓ(C→I) + ℓ(I→C)] with caption vectors cut to their own
     terms; w = 0 is eq. 7 alone."""
     from mmsparse.methods.d2s.loss import soft_ce
 
-    base, with_ct = (_method(method_data, expansion="full", l1_warmup=0, caption_terms_weight=w) for w in (0.0, 2.0))
     idx = torch.arange(40)
-    for m in (base[0], with_ct[0]):
-        m.start_epoch(0)
-    with_ct[1].load_state_dict(base[1].state_dict())
-    l0, p0 = base[0].loss(base[1], (idx, base[2]), 0, torch.Generator().manual_seed(0), "cpu")
-    l1, p1 = with_ct[0].loss(with_ct[1], (idx, with_ct[2]), 0, torch.Generator().manual_seed(0), "cpu")
+    base, (l0, p0), (l1, p1) = _loss_with_and_without(method_data, idx, caption_terms_weight=2.0)
     train, head = base[2], base[1]
     uimg = torch.unique(train.cap_img[idx])
     s_cap = head(train.z_cap[idx], side="text") * indicator(train.tok[idx], len(head.vocab))
@@ -312,3 +318,25 @@ def test_caption_terms_weight_adds_the_caption_term_loss(method_data):
     ct = soft_ce(t, s_cap @ s_img.T) + soft_ce(t.T, s_img @ s_cap.T)
     assert "caption_terms" not in p0 and p1["caption_terms"] == pytest.approx(float(ct), rel=1e-4)
     assert float(l1) == pytest.approx(float(l0) + 0.5 * 2.0 * float(ct), rel=1e-4)
+
+
+def test_doc_words_weight_adds_the_image_word_loss(method_data):
+    """--doc-words-weight w adds w·CE(p, softmax(s_I / τ_w)) over the whole vocabulary, p the image's
+    training-caption words weighted by image IDF ('##' pieces and words of every image weigh 0);
+    w = 0 is eq. 7 alone."""
+    from mmsparse.methods.d2s.method import image_words
+
+    idx = torch.arange(40)
+    base, (l0, p0), (l1, p1) = _loss_with_and_without(method_data, idx, doc_words_weight=0.5)
+    train, head = base[2], base[1]
+    words, idf = image_words(train, head.vocab)
+    v = len(head.vocab)
+    assert idf[v] == 0 and all(idf[i] == 0 for i, t in enumerate(head.vocab) if t.startswith("##"))
+    uimg = torch.unique(train.cap_img[idx])
+    s_img = head(train.z_img[uimg], side="image")                            # [U, |V|], zeros included
+    target = torch.zeros(len(uimg), v + 1).scatter_add_(1, words[uimg], idf[words[uimg]])[:, :v]
+    keep = target.sum(1) > 0
+    p = target[keep] / target[keep].sum(1, keepdim=True)
+    want = -(p * torch.log_softmax(s_img[keep] / base[0].cfg.doc_words_temperature, dim=1)).sum(1).mean()
+    assert "doc_words" not in p0 and p1["doc_words"] == pytest.approx(float(want), rel=1e-4)
+    assert float(l1) == pytest.approx(float(l0) + 0.5 * float(want), rel=1e-4)

@@ -15,6 +15,8 @@ they also cost a wasted B×ω×|V| projection each.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -82,3 +84,26 @@ def eta_at(step: int, eta: float, warmup_steps: int) -> float:
     if warmup_steps <= 0:
         return float(eta)
     return float(eta) * min(1.0, (step / warmup_steps) ** 2)
+
+
+def doc_words_loss(s_img: torch.Tensor, vocab_size: int, target: torch.Tensor,
+                   temperature: float = 1.0) -> torch.Tensor:
+    """Image-side word loss of --doc-words-weight: mean over images with a target of
+    -Σ_t p_t log softmax(s_I / τ_w)_t, the softmax over the whole vocabulary (τ_w = `temperature`).
+
+    s_img: [U, K] image weights on the batch's K live columns (the other |V| - K columns
+    are exactly 0, so they enter the softmax's normaliser as (|V| - K)·e⁰ without being built);
+    target: [U, K] non-negative word weights (IDF of the image's caption words); rows are
+    normalised to p; rows summing to 0 are left out (0.0 when none is left). A listwise
+    (softmax) multi-label loss, as in caption-word prediction; not in the D2S paper."""
+    mass = target.sum(1)
+    keep = mass > 0
+    if not bool(keep.any()):
+        return s_img.sum() * 0.0
+    s, p = s_img[keep] / temperature, target[keep] / mass[keep, None]
+    rest = vocab_size - s.shape[1]
+    if rest > 0:   # the zero columns: log((|V| - K)·e⁰) beside the live ones
+        s_all = torch.cat([s, torch.full((s.shape[0], 1), math.log(rest), dtype=s.dtype, device=s.device)], 1)
+    else:
+        s_all = s
+    return -(p * (s - torch.logsumexp(s_all, dim=1, keepdim=True))).sum(1).mean()

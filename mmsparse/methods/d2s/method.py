@@ -30,7 +30,7 @@ from ..pairs import PairData, check_inputs, load_pairs, training_record
 from .config import D2SConfig
 from .expansion import ExpansionControl
 from .head import D2SHead, top_k_rows
-from .loss import d2s_loss, drop_coordinates, eta_at, soft_ce, sparse_scores
+from .loss import d2s_loss, doc_words_loss, drop_coordinates, eta_at, soft_ce, sparse_scores
 
 
 @torch.no_grad()
@@ -89,6 +89,8 @@ class D2S(Method):
         cfg = self.cfg
         self.pec = ExpansionControl(cfg.expansion, document_frequency(train.token_ids, len(head.vocab)), cfg.epochs,
                                     cfg.mask_caption_terms, cfg.pec_end)
+        if cfg.doc_words_weight > 0:
+            self.img_words, self.word_idf = image_words(train, head.vocab)
         return head, train, val
 
     def load_data(self, inputs, progress=None):
@@ -175,6 +177,15 @@ class D2S(Method):
             ct = soft_ce(t, sc) + soft_ce(t.T, sc.T)
             loss = loss + (1.0 - cfg.lam) * cfg.caption_terms_weight * ct
             parts["caption_terms"] = float(ct.detach())
+        if cfg.doc_words_weight > 0:   # rank the image's own caption words first (doc_Exact@k)
+            words = self.img_words.to(uimg.device)[uimg]
+            pos = torch.full((v + 1,), len(cols), dtype=torch.int64, device=cols.device)
+            pos[cols] = torch.arange(len(cols), device=cols.device)
+            target = torch.zeros(len(uimg), len(cols) + 1, device=cols.device)
+            target.scatter_add_(1, pos[words], self.word_idf.to(cols.device)[words])
+            dw = doc_words_loss(s_img, v, target[:, :len(cols)], cfg.doc_words_temperature)
+            loss = loss + cfg.doc_words_weight * dw
+            parts["doc_words"] = float(dw.detach())
         with torch.no_grad():   # batch FLOPs proxy (eq. 1 on the batch)
             parts["flops"] = float(((s_cap > 0).float().mean(0) * (s_img > 0).float().mean(0)).sum())
         return loss, parts
@@ -231,6 +242,22 @@ class D2S(Method):
                 kill_point()  # tests: MMSPARSE_TEST_KILL_AFTER interrupts here
         m = sp.vstack(parts, format="csr") if parts else sp.csr_matrix((0, v), dtype=np.float32)
         return Sparsified(ids, m, texts if texts_ds else None, {})
+
+
+def image_words(train: PairData, vocab: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each training image's caption words, for --doc-words-weight: (words [Ni, L] int64, the head
+    columns of the word-start pieces of all its captions, padded with |V|; idf [|V| + 1] float32,
+    log(Ni / df) with df the number of images whose captions hold the term, 0 for '##' pieces and
+    the pad). A term in every image's captions ("a") weighs 0: the loss asks for content words."""
+    v = len(vocab)
+    start = np.array([not t.startswith("##") for t in vocab] + [False])
+    per: list[set] = [set() for _ in range(train.z_img.shape[0])]
+    for c, i in zip(train.token_ids, train.cap_img.cpu().numpy()):
+        per[int(i)].update(int(t) for t in c if start[t])
+    words = [np.array(sorted(w), dtype=np.int64) for w in per]
+    df = np.bincount(np.concatenate(words) if words else np.zeros(0, np.int64), minlength=v + 1)[:v + 1]
+    idf = np.where(df > 0, np.log(len(words) / np.maximum(df, 1)), 0.0) * start
+    return torch.from_numpy(pad_ids(words, v)), torch.from_numpy(idf.astype(np.float32))
 
 
 def _shape(dense) -> tuple[int, bool, int]:

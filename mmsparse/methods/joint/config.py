@@ -56,7 +56,8 @@ class JointConfig(D2SConfig):
         """D2SConfig's checks, and InputError for the D2S options joint's loss does not implement."""
         super().validate()
         for name, flag in (("doc_top_k", "--doc-top-k"), ("query_top_k", "--query-top-k"),
-                           ("caption_terms_weight", "--caption-terms-weight"), ("image_dropout", "--image-dropout")):
+                           ("caption_terms_weight", "--caption-terms-weight"), ("image_dropout", "--image-dropout"),
+                           ("doc_words_weight", "--doc-words-weight")):
             if getattr(self, name):
                 raise InputError(f"{flag} {getattr(self, name)}: joint heads do not take it; leave it at 0 "
                                  "(it is a D2S option)")
