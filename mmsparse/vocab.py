@@ -150,9 +150,11 @@ def indicator(padded, vocab_size: int):
     return m[:, :vocab_size]
 
 
-def indicator_cols(padded, cols, vocab_size: int):
+def indicator_cols(padded, cols, vocab_size: int, values=None):
     """indicator(padded, vocab_size)[:, cols] without building the [B, |V|] matrix:
-    padded [B, L] term ids (pad = vocab_size), cols [K] int64 distinct columns -> [B, K] float32 0/1."""
+    padded [B, L] term ids (pad = vocab_size), cols [K] int64 distinct columns -> [B, K] float32 0/1.
+    values: optional [B, L] float32 written instead of 1 at each listed term (ids distinct per row;
+    a term outside `cols` and the pad are dropped)."""
     import torch
 
     cols = torch.as_tensor(cols)
@@ -161,7 +163,7 @@ def indicator_cols(padded, cols, vocab_size: int):
     pos = torch.full((vocab_size + 1,), len(cols), dtype=torch.int64, device=dev)  # others -> spare column
     pos[cols] = torch.arange(len(cols), device=dev)
     m = torch.zeros(padded.shape[0], len(cols) + 1, dtype=torch.float32, device=dev)
-    m.scatter_(1, pos[padded], 1.0)
+    m.scatter_(1, pos[padded], 1.0 if values is None else values.to(device=dev, dtype=torch.float32))
     return m[:, :len(cols)]
 
 

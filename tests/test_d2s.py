@@ -151,6 +151,9 @@ def test_indicator_cols_is_a_column_subset():
     tok = pad_ids([np.array([1, 3]), np.array([4]), np.array([], dtype=np.int64)], 6)
     cols = torch.tensor([4, 1, 2])
     assert torch.equal(indicator_cols(tok, cols, 6), indicator(tok, 6)[:, cols])
+    w = torch.tensor([[0.5, 2.0], [3.0, 9.0], [9.0, 9.0]])                    # values: weights, pad dropped
+    assert torch.equal(indicator_cols(tok, cols, 6, values=w), torch.tensor([[0.0, 0.5, 0.0], [3.0, 0.0, 0.0],
+                                                                           [0.0, 0.0, 0.0]]))
 
 
 # -- paper-faithful defaults (issue 15) ----------------------------------------------------------

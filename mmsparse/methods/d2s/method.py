@@ -178,12 +178,9 @@ class D2S(Method):
             loss = loss + (1.0 - cfg.lam) * cfg.caption_terms_weight * ct
             parts["caption_terms"] = float(ct.detach())
         if cfg.doc_words_weight > 0:   # rank the image's own caption words first (doc_Exact@k)
-            words = self.img_words.to(uimg.device)[uimg]
-            pos = torch.full((v + 1,), len(cols), dtype=torch.int64, device=cols.device)
-            pos[cols] = torch.arange(len(cols), device=cols.device)
-            target = torch.zeros(len(uimg), len(cols) + 1, device=cols.device)
-            target.scatter_add_(1, pos[words], self.word_idf.to(cols.device)[words])
-            dw = doc_words_loss(s_img, v, target[:, :len(cols)], cfg.doc_words_temperature)
+            words = self.img_words.to(uimg.device)[uimg]   # distinct per image, padded with |V|
+            target = indicator_cols(words, cols, v, values=self.word_idf.to(words.device)[words])
+            dw = doc_words_loss(s_img, v, target, cfg.doc_words_temperature)
             loss = loss + cfg.doc_words_weight * dw
             parts["doc_words"] = float(dw.detach())
         with torch.no_grad():   # batch FLOPs proxy (eq. 1 on the batch)
