@@ -178,8 +178,10 @@ class D2S(Method):
             loss = loss + (1.0 - cfg.lam) * cfg.caption_terms_weight * ct
             parts["caption_terms"] = float(ct.detach())
         if cfg.doc_words_weight > 0:   # rank the image's own caption words first (doc_Exact@k)
-            words = self.img_words.to(uimg.device)[uimg]   # distinct per image, padded with |V|
-            target = indicator_cols(words, cols, v, values=self.word_idf.to(words.device)[words])
+            if self.img_words.device != uimg.device:   # once, not a copy per step on a GPU
+                self.img_words, self.word_idf = self.img_words.to(uimg.device), self.word_idf.to(uimg.device)
+            words = self.img_words[uimg]   # distinct per image, padded with |V|
+            target = indicator_cols(words, cols, v, values=self.word_idf[words])
             dw = doc_words_loss(s_img, v, target, cfg.doc_words_temperature)
             loss = loss + cfg.doc_words_weight * dw
             parts["doc_words"] = float(dw.detach())
