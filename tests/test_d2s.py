@@ -332,7 +332,7 @@ def test_doc_words_weight_adds_the_image_word_loss(method_data):
     idx = torch.arange(40)
     base, (l0, p0), (l1, p1) = _loss_with_and_without(method_data, idx, doc_words_weight=0.5)
     train, head = base[2], base[1]
-    words, idf = image_words(train, head.vocab)
+    words, idf = image_words(train, head.vocab, base[0].cfg.doc_words_target, base[0].cfg.doc_words_max_df)
     v = len(head.vocab)
     assert idf[v] == 0 and all(idf[i] == 0 for i, t in enumerate(head.vocab) if t.startswith("##"))
     uimg = torch.unique(train.cap_img[idx])
@@ -343,3 +343,25 @@ def test_doc_words_weight_adds_the_image_word_loss(method_data):
     want = -(p * torch.log_softmax(s_img[keep] / base[0].cfg.doc_words_temperature, dim=1)).sum(1).mean()
     assert "doc_words" not in p0 and p1["doc_words"] == pytest.approx(float(want), rel=1e-4)
     assert float(l1) == pytest.approx(float(l0) + 0.5 * float(want), rel=1e-4)
+
+
+
+def test_doc_words_targets_and_max_df():
+    """--doc-words-target uniform weighs a word 1, idf log(Ni / df); a '##' piece, punctuation, the pad
+    and (--doc-words-max-df) a word in the captions of more than that share of the images weigh 0."""
+    from types import SimpleNamespace
+
+    from mmsparse.methods.d2s.method import image_words
+
+    vocab = ["a", "dog", "##s", "cat", "runs", "unused", ","]
+    caps = [[0, 1], [0, 3], [0, 1, 4], [0, 3], [1, 2, 6]]     # "a" in all 4 images, dog/cat in 2, runs in 1
+    train = SimpleNamespace(token_ids=caps, cap_img=torch.tensor([0, 1, 2, 3, 0]), z_img=torch.zeros(4, 8))
+    words, weight = image_words(train, vocab, "uniform", 0.5)
+    assert weight.tolist() == [0, 1, 0, 1, 1, 0, 0, 0]
+    assert image_words(train, vocab, "uniform", 0.25)[1].tolist() == [0, 0, 0, 0, 1, 0, 0, 0]
+    assert image_words(train, vocab, "uniform", 1.0)[1].tolist() == [1, 1, 0, 1, 1, 0, 0, 0]
+    assert words[0].tolist()[:2] == [0, 1] and set(words[0].tolist()[2:]) <= {7}   # no "##s", no ","
+    _, idf = image_words(train, vocab)
+    assert idf.tolist() == pytest.approx([0, np.log(2), 0, np.log(2), np.log(4), 0, 0, 0])
+    with pytest.raises(ValueError, match="doc_words_target"):
+        image_words(train, vocab, "tf")

@@ -86,13 +86,22 @@ class D2SConfig(D2SLossConfig):
                                          paper="0 (eq. 7)")
     doc_words_weight: float = option(0.0, "Weight of an image-side word loss: a listwise cross-entropy between "
                                      "softmax(s_I) over the vocabulary and the image's training-caption words "
-                                     "weighted by their image IDF (function words weigh ~0), added to every batch. "
-                                     "Aims the image vector's top terms at its captions' content words "
-                                     "(doc_Exact@k); not in the paper, and it did not raise validation "
-                                     "doc_Exact@10 in docs/d2s.md's runs. 0 = off.", min=0.0, paper="0 (not in the paper)")
+                                     "(weighted as --doc-words-target says), added to every batch. Aims the image "
+                                     "vector's top terms at its captions' words (doc_Exact@k); not in the paper. "
+                                     "docs/d2s.md measures what it buys and costs. 0 = off.", min=0.0,
+                                     paper="0 (not in the paper)")
     doc_words_temperature: float = option(0.2, "Temperature τ_w of --doc-words-weight's softmax(s_I / τ_w): "
                                           "smaller concentrates it on the image's top terms (a ranking loss on "
                                           "the top-k); at 1 the softmax over |V| stays near uniform for weights "
                                           "of a few units.", min=1e-4, paper="– (not in the paper)")
+    doc_words_target: str = option("idf", "Word weights of --doc-words-weight's target. idf: each caption word "
+                                   "weighs its image IDF (rare words dominate); uniform: each weighs 1 (frequent "
+                                   "content words dominate).", choices=("idf", "uniform"),
+                                   paper="– (not in the paper)")
+    doc_words_max_df: float = option(0.5, "Leave out of --doc-words-weight's target the words found in the "
+                                     "captions of more than this share (0-1) of the training images: a word the "
+                                     "loss asks of most images ends up in most image vectors (doc_max_df). 1 = "
+                                     "every word. Words are alphabetic word-start pieces (no '##', no "
+                                     "punctuation).", min=0.0, max=1.0, paper="– (not in the paper)")
     pec_schedule: str = option("epoch", "epoch: raise p_c, p_v after each epoch (eq. 6); step: the same ramp "
                                "updated every step.", choices=("epoch", "step"), paper="epoch (eq. 6)")

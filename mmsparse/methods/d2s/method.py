@@ -90,7 +90,8 @@ class D2S(Method):
         self.pec = ExpansionControl(cfg.expansion, document_frequency(train.token_ids, len(head.vocab)), cfg.epochs,
                                     cfg.mask_caption_terms, cfg.pec_end)
         if cfg.doc_words_weight > 0:
-            self.img_words, self.word_idf = image_words(train, head.vocab)
+            self.img_words, self.word_idf = image_words(train, head.vocab, cfg.doc_words_target,
+                                                           cfg.doc_words_max_df)
         return head, train, val
 
     def load_data(self, inputs, progress=None):
@@ -243,20 +244,28 @@ class D2S(Method):
         return Sparsified(ids, m, texts if texts_ds else None, {})
 
 
-def image_words(train: PairData, vocab: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+def image_words(train: PairData, vocab: list[str], target: str = "idf",
+                max_df: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
     """Each training image's caption words, for --doc-words-weight: (words [Ni, L] int64, the head
-    columns of the word-start pieces of all its captions, padded with |V|; idf [|V| + 1] float32,
-    log(Ni / df) with df the number of images whose captions hold the term, 0 for '##' pieces and
-    the pad). A term in every image's captions ("a") weighs 0: the loss asks for content words."""
+    columns of the words (alphabetic word-start pieces) of all its captions, padded with |V|; weight
+    [|V| + 1] float32, 0 for other pieces, the pad and words with df > max_df·Ni). With df the number of images whose
+    captions hold the term, target "idf" weighs log(Ni / df) (a term in every image's captions, "a",
+    weighs 0) and "uniform" weighs 1. ValueError on another target."""
+    if target not in ("idf", "uniform"):
+        raise ValueError(f"doc_words_target: {target!r} is not one of idf, uniform")
     v = len(vocab)
-    start = np.array([not t.startswith("##") for t in vocab] + [False])
+    start = np.array([t.isalpha() for t in vocab] + [False])   # words: no "##" piece, no punctuation or digits
     per: list[set] = [set() for _ in range(train.z_img.shape[0])]
     for c, i in zip(train.token_ids, train.cap_img.cpu().numpy()):
         per[int(i)].update(int(t) for t in c if start[t])
     words = [np.array(sorted(w), dtype=np.int64) for w in per]
     df = np.bincount(np.concatenate(words) if words else np.zeros(0, np.int64), minlength=v + 1)[:v + 1]
-    idf = np.where(df > 0, np.log(len(words) / np.maximum(df, 1)), 0.0) * start
-    return torch.from_numpy(pad_ids(words, v)), torch.from_numpy(idf.astype(np.float32))
+    if target == "idf":
+        weight = np.where(df > 0, np.log(len(words) / np.maximum(df, 1)), 0.0) * start
+    else:
+        weight = ((df > 0) & start).astype(np.float64)
+    weight = weight * (df <= max_df * len(words))   # a word asked of most images tops most images
+    return torch.from_numpy(pad_ids(words, v)), torch.from_numpy(weight.astype(np.float32))
 
 
 def _shape(dense) -> tuple[int, bool, int]:
