@@ -93,7 +93,7 @@ def doc_words_loss(s_img: torch.Tensor, vocab_size: int, target: torch.Tensor,
 
     s_img: [U, K] image weights on the batch's K live columns (the other |V| - K columns
     are exactly 0, so they enter the softmax's normaliser as (|V| - K)·e⁰ without being built);
-    target: [U, K] non-negative word weights (IDF of the image's caption words); rows are
+    target: [U, K] non-negative word weights (image_words: IDF or 1); rows are
     normalised to p; rows summing to 0 are left out (0.0 when none is left). A listwise
     (softmax) multi-label loss, as in caption-word prediction; not in the D2S paper."""
     mass = target.sum(1)

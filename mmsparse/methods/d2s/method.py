@@ -90,7 +90,7 @@ class D2S(Method):
         self.pec = ExpansionControl(cfg.expansion, document_frequency(train.token_ids, len(head.vocab)), cfg.epochs,
                                     cfg.mask_caption_terms, cfg.pec_end)
         if cfg.doc_words_weight > 0:
-            self.img_words, self.word_idf = image_words(train, head.vocab, cfg.doc_words_target,
+            self.img_words, self.word_weight = image_words(train, head.vocab, cfg.doc_words_target,
                                                            cfg.doc_words_max_df)
         return head, train, val
 
@@ -180,9 +180,9 @@ class D2S(Method):
             parts["caption_terms"] = float(ct.detach())
         if cfg.doc_words_weight > 0:   # rank the image's own caption words first (doc_Exact@k)
             if self.img_words.device != uimg.device:   # once, not a copy per step on a GPU
-                self.img_words, self.word_idf = self.img_words.to(uimg.device), self.word_idf.to(uimg.device)
+                self.img_words, self.word_weight = self.img_words.to(uimg.device), self.word_weight.to(uimg.device)
             words = self.img_words[uimg]   # distinct per image, padded with |V|
-            target = indicator_cols(words, cols, v, values=self.word_idf[words])
+            target = indicator_cols(words, cols, v, values=self.word_weight[words])
             dw = doc_words_loss(s_img, v, target, cfg.doc_words_temperature)
             loss = loss + cfg.doc_words_weight * dw
             parts["doc_words"] = float(dw.detach())
@@ -248,9 +248,9 @@ def image_words(train: PairData, vocab: list[str], target: str = "idf",
                 max_df: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
     """Each training image's caption words, for --doc-words-weight: (words [Ni, L] int64, the head
     columns of the words (alphabetic word-start pieces) of all its captions, padded with |V|; weight
-    [|V| + 1] float32, 0 for other pieces, the pad and words with df > max_df·Ni). With df the number of images whose
-    captions hold the term, target "idf" weighs log(Ni / df) (a term in every image's captions, "a",
-    weighs 0) and "uniform" weighs 1. ValueError on another target."""
+    [|V| + 1] float32, 0 for other pieces, the pad and words with df > max_df·Ni). With df the number
+    of images whose captions hold the term, target "idf" weighs log(Ni / df) (a term in every image's
+    captions, "a", weighs 0) and "uniform" weighs 1. ValueError on another target."""
     if target not in ("idf", "uniform"):
         raise ValueError(f"doc_words_target: {target!r} is not one of idf, uniform")
     v = len(vocab)
@@ -264,7 +264,7 @@ def image_words(train: PairData, vocab: list[str], target: str = "idf",
         weight = np.where(df > 0, np.log(len(words) / np.maximum(df, 1)), 0.0) * start
     else:
         weight = ((df > 0) & start).astype(np.float64)
-    weight = weight * (df <= max_df * len(words))   # a word asked of most images tops most images
+    weight = weight * (df <= max_df * len(words))   # a word asked of most images ends up in most vectors
     return torch.from_numpy(pad_ids(words, v)), torch.from_numpy(weight.astype(np.float32))
 
 
