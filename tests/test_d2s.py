@@ -345,7 +345,6 @@ def test_doc_words_weight_adds_the_image_word_loss(method_data):
     assert float(l1) == pytest.approx(float(l0) + 0.5 * float(want), rel=1e-4)
 
 
-
 def test_doc_words_targets_and_max_df():
     """--doc-words-target uniform weighs a word 1, idf log(Ni / df); a '##' piece, punctuation, the pad
     and (--doc-words-max-df) a word in the captions of more than that share of the images weigh 0."""

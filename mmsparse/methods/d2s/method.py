@@ -260,10 +260,11 @@ def image_words(train: PairData, vocab: list[str], target: str = "idf",
         per[int(i)].update(int(t) for t in c if start[t])
     words = [np.array(sorted(w), dtype=np.int64) for w in per]
     df = np.bincount(np.concatenate(words) if words else np.zeros(0, np.int64), minlength=v + 1)[:v + 1]
+    # df counts words only, so df > 0 already excludes other pieces and the pad
     if target == "idf":
-        weight = np.where(df > 0, np.log(len(words) / np.maximum(df, 1)), 0.0) * start
+        weight = np.where(df > 0, np.log(len(words) / np.maximum(df, 1)), 0.0)
     else:
-        weight = ((df > 0) & start).astype(np.float64)
+        weight = (df > 0).astype(np.float64)
     weight = weight * (df <= max_df * len(words))   # a word asked of most images ends up in most vectors
     return torch.from_numpy(pad_ids(words, v)), torch.from_numpy(weight.astype(np.float32))
 
