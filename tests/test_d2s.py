@@ -295,6 +295,38 @@ def test_top_k_gates_documents_and_expanded_queries_not_caption_terms(method_dat
     assert np.diff(encode_sparse(again, train.z_img, side="image").indptr).max() == 5
 
 
+def test_doc_max_share_caps_every_posting_list_at_the_smallest_weights(method_data, tmp_path):
+    """--doc-max-share 0.4: after training (Method.finish) each term keeps at most 40 % of the
+    training images, dropping its smallest weights there; queries are untouched; the floor is saved."""
+    from mmsparse.methods.d2s.method import encode_sparse
+    from mmsparse.methods.joint.config import JointConfig
+    from mmsparse.methods.base import make_config
+    from mmsparse.errors import InputError
+
+    m, head, train, _ = _method(method_data, doc_max_share=0.4)
+    before = encode_sparse(head, train.z_img, side="image").toarray()
+    queries = encode_sparse(head, train.z_cap, side="text")
+    n, cap = before.shape[0], int(0.4 * before.shape[0])
+    assert ((before > 0).sum(0) > cap).any()                                 # something to prune
+    m.finish(head, train)
+    after = encode_sparse(head, train.z_img, side="image").toarray()
+    assert ((after > 0).sum(0) <= cap).all()
+    assert np.array_equal(after[after > 0], before[after > 0])               # kept weights unchanged
+    for j in np.flatnonzero(((before > 0) & (after == 0)).any(0)):           # dropped: the column's smallest
+        assert before[(before[:, j] > 0) & (after[:, j] == 0), j].max() < after[after[:, j] > 0, j].min(initial=np.inf)
+    assert (encode_sparse(head, train.z_cap, side="text") != queries).nnz == 0
+    head.save_pretrained(tmp_path / "h")
+    assert np.array_equal(encode_sparse(load_head(tmp_path / "h"), train.z_img, side="image").toarray(), after)
+    plain, phead, ptrain, _ = _method(method_data)
+    plain.finish(phead, ptrain)
+    assert not hasattr(phead, "doc_floor") and "doc_max_share" not in phead.config
+    phead.prune_postings(encode_sparse(phead, ptrain.z_img, side="image"), 0.4)   # a trained head, after the fact
+    phead.save_pretrained(tmp_path / "p")
+    assert ((encode_sparse(load_head(tmp_path / "p"), ptrain.z_img, side="image") > 0).sum(0) <= cap).all()
+    with pytest.raises(InputError, match="--doc-max-share"):
+        make_config(JointConfig, {"doc_max_share": 0.5})
+
+
 def _loss_with_and_without(method_data, idx, **option):
     """(the option-0 method tuple, its (loss, parts), the option's (loss, parts)) on batch `idx`,
     both heads with the same weights (expansion full, no sparsity warm-up)."""

@@ -68,6 +68,7 @@ def train_head(train_images: str | Path | None = None, train_captions: str | Pat
     res = fit(m, head, train, val, ckpt_dir=ckpt_dir, device=device, progress=rep)
     head.to("cpu")
     head.load_state_dict(res.state)
+    m.finish(head, train, rep)
     chosen = res.history[res.best_epoch - 1]
     head.config["training"] = {**m.training, "method": method, "config": asdict(cfg), "best_epoch": res.best_epoch,
                                "val": chosen.get("val"), "seconds": round(time.time() - t0, 1),

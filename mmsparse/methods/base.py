@@ -173,6 +173,10 @@ class Method:
     def after_step(self, head) -> None:
         """Called after each optimizer step (e.g. re-normalise a decoder)."""
 
+    def finish(self, head, train, progress=None) -> None:
+        """Called once on the CPU after the saved epoch's weights are loaded, before the head is
+        written (e.g. cuts estimated on the training data)."""
+
     def validate(self, head, val) -> dict:
         """Validation figures: at least the select metrics (R@1, ...) and FLOPs; {} = none."""
         return {}

@@ -103,5 +103,11 @@ class D2SConfig(D2SLossConfig):
                                      "loss asks of most images ends up in most image vectors (doc_max_df). 1 = "
                                      "every word. Words are alphabetic word-start pieces (no '##', no "
                                      "punctuation).", min=0.0, max=1.0, paper="– (not in the paper)")
+    doc_max_share: float = option(1.0, "Cap on each term's posting list: after training, a term positive in more "
+                                  "than this share (0-1] of the training images' vectors gets a floor, its weight "
+                                  "at that rank there, and every image weight at or below the floor is zeroed in "
+                                  "sparsify. Term-centric static pruning with its cut estimated on the training "
+                                  "images (stored in the head), so it streams; bounds doc_max_df. 1 = off.",
+                                  min=0.01, max=1.0, paper="1 (no pruning)")
     pec_schedule: str = option("epoch", "epoch: raise p_c, p_v after each epoch (eq. 6); step: the same ramp "
                                "updated every step.", choices=("epoch", "step"), paper="epoch (eq. 6)")

@@ -13,6 +13,7 @@ The head directory additionally holds `tokenizer/` (the vocabulary's tokenizer) 
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -94,7 +95,8 @@ def top_k_rows(s: torch.Tensor, k: int | None) -> torch.Tensor:
 
 class D2SHead(SparseHead):
     """config: dim (d), vocab_size (|V|), omega (ω), vocab_source, plus `training` provenance;
-    optional doc_top_k / query_top_k (keep each image / caption vector's k largest weights, 0 = all).
+    optional doc_top_k / query_top_k (keep each image / caption vector's k largest weights, 0 = all)
+    and doc_max_share (< 1: buffer doc_floor, see `prune_postings`).
     Buffer token_ids [|V|] int64: the tokenizer id of each output term.
 
     forward: z [B, d] float32 -> s [B, |V|] float32, s >= 0.
@@ -113,18 +115,24 @@ class D2SHead(SparseHead):
         if config.get("center") == "mean":   # the training mean of each modality, subtracted first
             self.register_buffer("center_image", torch.zeros(d))
             self.register_buffer("center_text", torch.zeros(d))
+        if float(config.get("doc_max_share", 1.0)) < 1:   # per-term floor of image weights (0 until set)
+            self.register_buffer("doc_floor", torch.zeros(v))
 
     @classmethod
     def from_vocab(cls, dim: int, vocab, training: dict | None = None, init_bias: float = 0.0,
-                   center: str = "none", doc_top_k: int = 0, query_top_k: int = 0) -> "D2SHead":
+                   center: str = "none", doc_top_k: int = 0, query_top_k: int = 0,
+                   doc_max_share: float = 1.0) -> "D2SHead":
         """A fresh head over `vocab` (mmsparse.vocab.Vocab): W2 <- vocab.embeddings [|V|, ω],
         b <- init_bias; W1 and LN use PyTorch's default init (seed torch before calling).
         center "mean" adds the per-modality mean buffers (zero until set); doc_top_k / query_top_k
-        (0 = off) keep only each image / caption vector's k largest weights."""
+        (0 = off) keep only each image / caption vector's k largest weights; doc_max_share < 1 adds
+        the image-side floor buffer (zero until `prune_postings` sets it)."""
         emb = torch.as_tensor(vocab.embeddings, dtype=torch.float32)
         cfg = {"dim": int(dim), "vocab_size": int(emb.shape[0]), "omega": int(emb.shape[1]),
                "vocab_source": vocab.source, "training": dict(training or {}), "center": center,
                "doc_top_k": int(doc_top_k), "query_top_k": int(query_top_k)}
+        if doc_max_share < 1:
+            cfg["doc_max_share"] = float(doc_max_share)
         head = cls(cfg, vocab.terms)
         with torch.no_grad():
             head.w2.weight.copy_(emb)
@@ -148,11 +156,42 @@ class D2SHead(SparseHead):
                 gate: bool = True) -> torch.Tensor:
         """z [B, d] float32 -> s [B, |V|] float32 >= 0 (eq. 4-5); one head for both sides (`side`
         picks the mean a centred head subtracts and the top-k gate, `top_k`; gate=False: no gate,
-        as caption-term queries, which keep every own term)."""
+        as caption-term queries, which keep every own term). Image vectors of a head with a posting
+        floor (`prune_postings`) keep only the weights above it."""
         if z.dim() != 2:
             raise ValueError(f"D2S heads take pooled vectors [B, d], got shape {tuple(z.shape)}")
         s = _LogReluLinear.apply(self.norm(self.w1(self.centered(z, side))), self.w2.weight, self.w2.bias)
-        return top_k_rows(s, self.top_k(side)) if gate else s
+        if not gate:
+            return s
+        s = top_k_rows(s, self.top_k(side))
+        if side == "image" and hasattr(self, "doc_floor"):
+            s = s * (s > self.doc_floor)
+        return s
+
+    @torch.no_grad()
+    def prune_postings(self, docs, max_share: float) -> int:
+        """Set the image-side floor from `docs`, CSR [N, |V|] float32 image vectors of this head
+        (without a floor): a term positive in more than m = floor(max_share·N) rows gets as floor
+        its (m+1)-th largest weight there, so that weights at or below it are zeroed and the term
+        keeps at most m of these rows (term-centric static index pruning, Carmel et al. 2001, with
+        the cut estimated once, on training images, instead of per collection). Other terms get 0.
+        Returns the number of terms given a floor. Works on any trained head (one trained without
+        --doc-max-share gets the buffer here; save_pretrained keeps it). ValueError unless
+        0 < max_share < 1 and docs has |V| columns."""
+        if not 0 < max_share < 1 or docs.shape[1] != int(self.config["vocab_size"]):
+            raise ValueError(f"prune_postings: max_share {max_share} must be in (0, 1) and docs [N, |V|], "
+                             f"got {docs.shape[1]} columns")
+        if not hasattr(self, "doc_floor"):
+            self.register_buffer("doc_floor", torch.zeros(docs.shape[1], device=self.w2.weight.device))
+        self.config["doc_max_share"] = float(max_share)
+        csc = docs.tocsc()
+        m = int(max_share * docs.shape[0])
+        floor = np.zeros(docs.shape[1], dtype=np.float32)
+        for j in np.flatnonzero(np.diff(csc.indptr) > m):
+            col = csc.data[csc.indptr[j]:csc.indptr[j + 1]]
+            floor[j] = np.partition(col, col.size - 1 - m)[col.size - 1 - m]   # (m+1)-th largest
+        self.doc_floor.copy_(torch.from_numpy(floor))
+        return int((floor > 0).sum())
 
     def forward_live(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Training forward of already centred vectors (see `centered`): (s_live [B, L] float32,

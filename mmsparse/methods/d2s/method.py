@@ -124,7 +124,8 @@ class D2S(Method):
         --center mean, the training mean of each modality is stored in it."""
         head = self.head_class.from_vocab(train.z_img.shape[1], voc, self.training, init_bias=self.cfg.init_bias,
                                           center=self.cfg.center, doc_top_k=self.cfg.doc_top_k,
-                                          query_top_k=getattr(self.cfg, "query_top_k", 0))
+                                          query_top_k=getattr(self.cfg, "query_top_k", 0),
+                                          doc_max_share=getattr(self.cfg, "doc_max_share", 1.0))
         if self.cfg.center == "mean":
             with torch.no_grad():
                 head.center_image.copy_(train.z_img.mean(0))
@@ -197,6 +198,18 @@ class D2S(Method):
 
     def validate(self, head, val: PairData) -> dict:
         return {**evaluate_head(head, val, self.query_mode_of_head()), "query_mode": self.query_mode_of_head()}
+
+    def finish(self, head, train, progress=None) -> None:
+        """--doc-max-share < 1: the head's posting floor from the training images' vectors
+        (D2SHead.prune_postings), so no term stays in more than that share of them."""
+        share = getattr(self.cfg, "doc_max_share", 1.0)
+        if share >= 1:
+            return
+        head.eval()
+        n = head.prune_postings(encode_sparse(head, train.z_img.cpu(), side="image"), share)
+        if progress is not None:
+            progress.log(f"train-head {self.name}: posting floor on {n} terms (each kept in at most "
+                         f"{share:.0%} of the training images)")
 
     def eligible(self, record: dict) -> bool:
         return record["step"] >= self.l1_warm   # before the sparsity warm-up ends the head is not sparse

@@ -61,3 +61,6 @@ class JointConfig(D2SConfig):
             if getattr(self, name):
                 raise InputError(f"{flag} {getattr(self, name)}: joint heads do not take it; leave it at 0 "
                                  "(it is a D2S option)")
+        if self.doc_max_share < 1:
+            raise InputError(f"--doc-max-share {self.doc_max_share}: joint heads do not take it; leave it at 1 "
+                             "(it is a D2S option)")
