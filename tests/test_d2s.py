@@ -317,10 +317,12 @@ def test_doc_max_share_caps_every_posting_list_at_the_smallest_weights(method_da
     assert (encode_sparse(head, train.z_cap, side="text") != queries).nnz == 0
     head.save_pretrained(tmp_path / "h")
     assert np.array_equal(encode_sparse(load_head(tmp_path / "h"), train.z_img, side="image").toarray(), after)
+    head.prune_postings(train.z_img, 0.4)                                    # again: same floor, not a re-cut
+    assert np.array_equal(encode_sparse(head, train.z_img, side="image").toarray(), after)
     plain, phead, ptrain, _ = _method(method_data)
     plain.finish(phead, ptrain)
     assert not hasattr(phead, "doc_floor") and "doc_max_share" not in phead.config
-    phead.prune_postings(encode_sparse(phead, ptrain.z_img, side="image"), 0.4)   # a trained head, after the fact
+    phead.prune_postings(ptrain.z_img, 0.4)                                  # a trained head, after the fact
     phead.save_pretrained(tmp_path / "p")
     assert ((encode_sparse(load_head(tmp_path / "p"), ptrain.z_img, side="image") > 0).sum(0) <= cap).all()
     with pytest.raises(InputError, match="--doc-max-share"):

@@ -14,6 +14,7 @@ The head directory additionally holds `tokenizer/` (the vocabulary's tokenizer) 
 from __future__ import annotations
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 from torch import nn
 
@@ -169,26 +170,30 @@ class D2SHead(SparseHead):
         return s
 
     @torch.no_grad()
-    def prune_postings(self, docs, max_share: float) -> int:
-        """Set the image-side floor from `docs`, CSR [N, |V|] float32 image vectors of this head
-        (without a floor): a term positive in more than m = floor(max_share·N) rows gets as floor
-        its (m+1)-th largest weight there, so that weights at or below it are zeroed and the term
-        keeps at most m of these rows (term-centric static index pruning, Carmel et al. 2001, with
-        the cut estimated once, on training images, instead of per collection). Other terms get 0.
+    def prune_postings(self, z_images, max_share: float, batch: int = 1024) -> int:
+        """Set the image-side floor from image vectors z_images [N, d] (float32 tensor or array; the
+        training images): any earlier floor is cleared, the images go through the head, and a term
+        positive in more than m = floor(max_share·N) of them gets as floor its (m+1)-th largest
+        weight there, so that weights at or below it are zeroed and the term keeps at most m of
+        these images (term-centric static index pruning, Carmel et al. 2001, with the cut
+        estimated once, on training images, instead of per collection). Other terms get 0.
         Returns the number of terms given a floor. Works on any trained head (one trained without
         --doc-max-share gets the buffer here; save_pretrained keeps it). ValueError unless
-        0 < max_share < 1 and docs has |V| columns."""
-        if not 0 < max_share < 1 or docs.shape[1] != int(self.config["vocab_size"]):
-            raise ValueError(f"prune_postings: max_share {max_share} must be in (0, 1) and docs [N, |V|], "
-                             f"got {docs.shape[1]} columns")
+        0 < max_share < 1."""
+        if not 0 < max_share < 1:
+            raise ValueError(f"prune_postings: max_share {max_share} must be in (0, 1)")
+        v = int(self.config["vocab_size"])
         if not hasattr(self, "doc_floor"):
-            self.register_buffer("doc_floor", torch.zeros(docs.shape[1], device=self.w2.weight.device))
+            self.register_buffer("doc_floor", torch.zeros(v, device=self.w2.weight.device))
+        self.doc_floor.zero_()
         self.config["doc_max_share"] = float(max_share)
-        csc = docs.tocsc()
+        z = torch.as_tensor(z_images, dtype=torch.float32).to(self.w2.weight.device)
+        docs = sp.vstack([sp.csr_matrix(self(z[i:i + batch], side="image").cpu().numpy())
+                          for i in range(0, z.shape[0], batch)], format="csc")
         m = int(max_share * docs.shape[0])
-        floor = np.zeros(docs.shape[1], dtype=np.float32)
-        for j in np.flatnonzero(np.diff(csc.indptr) > m):
-            col = csc.data[csc.indptr[j]:csc.indptr[j + 1]]
+        floor = np.zeros(v, dtype=np.float32)
+        for j in np.flatnonzero(np.diff(docs.indptr) > m):
+            col = docs.data[docs.indptr[j]:docs.indptr[j + 1]]
             floor[j] = np.partition(col, col.size - 1 - m)[col.size - 1 - m]   # (m+1)-th largest
         self.doc_floor.copy_(torch.from_numpy(floor))
         return int((floor > 0).sum())

@@ -206,7 +206,7 @@ class D2S(Method):
         if share >= 1:
             return
         head.eval()
-        n = head.prune_postings(encode_sparse(head, train.z_img.cpu(), side="image"), share)
+        n = head.prune_postings(train.z_img.cpu(), share)
         if progress is not None:
             progress.log(f"train-head {self.name}: posting floor on {n} terms (each kept in at most "
                          f"{share:.0%} of the training images)")
