@@ -306,7 +306,7 @@ def test_doc_max_share_caps_every_posting_list_at_the_smallest_weights(method_da
     m, head, train, _ = _method(method_data, doc_max_share=0.4)
     before = encode_sparse(head, train.z_img, side="image").toarray()
     queries = encode_sparse(head, train.z_cap, side="text")
-    n, cap = before.shape[0], int(0.4 * before.shape[0])
+    cap = int(0.4 * before.shape[0])
     assert ((before > 0).sum(0) > cap).any()                                 # something to prune
     m.finish(head, train)
     after = encode_sparse(head, train.z_img, side="image").toarray()

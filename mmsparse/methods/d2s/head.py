@@ -14,7 +14,6 @@ The head directory additionally holds `tokenizer/` (the vocabulary's tokenizer) 
 from __future__ import annotations
 
 import numpy as np
-import scipy.sparse as sp
 import torch
 from torch import nn
 
@@ -187,9 +186,9 @@ class D2SHead(SparseHead):
             self.register_buffer("doc_floor", torch.zeros(v, device=self.w2.weight.device))
         self.doc_floor.zero_()
         self.config["doc_max_share"] = float(max_share)
-        z = torch.as_tensor(z_images, dtype=torch.float32).to(self.w2.weight.device)
-        docs = sp.vstack([sp.csr_matrix(self(z[i:i + batch], side="image").cpu().numpy())
-                          for i in range(0, z.shape[0], batch)], format="csc")
+        from .method import encode_sparse   # method.py imports this module
+
+        docs = encode_sparse(self, z_images, batch, side="image").tocsc()
         m = int(max_share * docs.shape[0])
         floor = np.zeros(v, dtype=np.float32)
         for j in np.flatnonzero(np.diff(docs.indptr) > m):

@@ -55,12 +55,10 @@ class JointConfig(D2SConfig):
     def validate(self) -> None:
         """D2SConfig's checks, and InputError for the D2S options joint's loss does not implement."""
         super().validate()
-        for name, flag in (("doc_top_k", "--doc-top-k"), ("query_top_k", "--query-top-k"),
-                           ("caption_terms_weight", "--caption-terms-weight"), ("image_dropout", "--image-dropout"),
-                           ("doc_words_weight", "--doc-words-weight")):
-            if getattr(self, name):
-                raise InputError(f"{flag} {getattr(self, name)}: joint heads do not take it; leave it at 0 "
+        for name, flag, off in (("doc_top_k", "--doc-top-k", 0), ("query_top_k", "--query-top-k", 0),
+                                ("caption_terms_weight", "--caption-terms-weight", 0),
+                                ("image_dropout", "--image-dropout", 0), ("doc_words_weight", "--doc-words-weight", 0),
+                                ("doc_max_share", "--doc-max-share", 1)):
+            if getattr(self, name) != off:
+                raise InputError(f"{flag} {getattr(self, name)}: joint heads do not take it; leave it at {off} "
                                  "(it is a D2S option)")
-        if self.doc_max_share < 1:
-            raise InputError(f"--doc-max-share {self.doc_max_share}: joint heads do not take it; leave it at 1 "
-                             "(it is a D2S option)")
