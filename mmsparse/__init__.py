@@ -6,6 +6,11 @@ query. They load on first use, so importing the package is cheap.
 """
 
 from ._version import __version__
+from .runtime import tune_allocator
+
+# Before any large allocation: keep freed activation memory in the process instead of returning it
+# to the kernel after every batch (mmsparse/runtime.py; MMSPARSE_MALLOC=system to leave glibc's defaults).
+tune_allocator()
 
 _API = ("encode_dense", "train_head", "load_head", "sparsify", "build_index", "search", "evaluate",
         "inspect_terms", "evaluate_table", "inspect_provenance", "query")

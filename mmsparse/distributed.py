@@ -249,14 +249,14 @@ class _EncodePart:
                  cpus_per_worker, prov):
         from .backbones import load_backbone
         from .backbones.base import resolve_device
-        from .backbones.encode import check_precision
+        from .runtime import resolve_precision
 
         _set_threads(cpus_per_worker)
         dev = resolve_device(device)
-        check_precision(precision, dev)
         self.bb = load_backbone(backbone, model, dev)
         self.attrs, self.dtype = attrs, dtype  # attrs: {kind: dense attributes}
-        self.batch_size, self.precision, self.loader, self.strict = batch_size, precision, loader, strict
+        self.batch_size, self.loader, self.strict = batch_size, loader, strict
+        self.precision = resolve_precision(precision, dev)
         self.prov = prov
 
     def __call__(self, batch: dict) -> dict:
@@ -286,7 +286,8 @@ class _EncodePart:
     def _images(self, records, path):
         import torch
 
-        from .backbones.encode import autocast, image_batches
+        from .backbones.encode import image_batches
+        from .runtime import autocast
 
         skipped, rows = [], 0
         with torch.inference_mode(), self._writer(path, "images") as w:
@@ -306,7 +307,7 @@ class _EncodePart:
     def _captions(self, records, path):
         import torch
 
-        from .backbones.encode import autocast
+        from .runtime import autocast
 
         vec = np.zeros((len(records), self.bb.dim), np.float32)
         order = sorted(range(len(records)), key=lambda i: len(records[i].text))  # as the plain path
@@ -449,41 +450,40 @@ def _journal_skipped(out: Path, name: str | None = None, skipped: list | None = 
     return d
 
 
-def encode_splits(todo: dict, *, out: Path, backbone: str, model: str, dataset: str | None, name: str,
-                  source: str, limit: int | None, batch_size: int, device: str, dtype: str, precision: str,
-                  strict: bool, force: bool, extras: list[str], ray: str, workers: int,
-                  num_gpus_per_worker: float, cpus_per_worker: float, part_rows: int | None,
+def encode_splits(todo: dict, *, out: Path, opts, name: str, source: str,
                   progress: Reporter | None = None) -> Path:
     """`encode_dense(..., ray=ADDRESS)`: per split S, OUT/S-images.h5 and OUT/S-captions.h5 as
     sharded dense directories (formats/sharded.py) and OUT/S.qrels, through one Ray Data actor
-    pool per split of `workers` backbone replicas (`num_gpus_per_worker` GPUs, `cpus_per_worker`
-    CPUs and torch threads each). todo: {split: SplitData} as mmsparse.api.encoding prepared it
-    (limits applied, empty captions dropped). part_rows: records per part (default 1024 images,
-    4096 captions). Rows equal the single-process files' (vectors within float tolerance: other
-    batches); an unreadable image is left out with its captions, as there.
+    pool per split of `opts.workers` backbone replicas (`num_gpus_per_worker` GPUs,
+    `cpus_per_worker` CPUs and torch threads each; workers None = runtime.default_workers()).
+    todo: {split: SplitData} as mmsparse.api.encoding prepared it (limits applied, empty captions
+    dropped); opts: its EncodeOptions, with `model` set. part_rows: records per part (default 1024
+    images, 4096 captions). Rows equal the single-process files' (vectors within float tolerance:
+    other batches); an unreadable image is left out with its captions, as there.
     Raises InputError for options the Ray path does not support (extras) or a Ray that cannot
     start."""
     from .formats import write_qrels
+    from .runtime import default_workers
 
+    extras = [e for e in ("pre_projection", "token_states", "patch_states") if getattr(opts, e)]
     if extras:
         raise InputError(f"--ray: extra datasets ({', '.join('--' + e.replace('_', '-') for e in extras)}) are "
                          "written by the single-process path only; drop --ray or the extra options")
-    _check_pool(workers, num_gpus_per_worker, cpus_per_worker)
-    if part_rows is not None and part_rows < 1:
-        raise InputError(f"--part-rows {part_rows}: must be >= 1")
+    workers, cpus_per_worker = default_workers() if opts.workers is None else opts.workers, opts.cpus_per_worker
+    _check_pool(workers, opts.num_gpus_per_worker, cpus_per_worker)
     rep = reporter(progress)
-    init_ray(ray, workers, cpus_per_worker)
+    init_ray(opts.ray, workers, cpus_per_worker)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for s, sd in todo.items():
-        base = {"dataset": dataset or name, "split": s, "source": source}
-        if limit:
-            base["limit"] = int(limit)
-        common = dict(backbone=backbone, model=model, device=device, dtype=dtype, batch_size=batch_size,
-                      precision=precision, strict=strict, loader=sd.loader)
+        base = {"dataset": opts.dataset or name, "split": s, "source": source}
+        if opts.limit:
+            base["limit"] = int(opts.limit)
+        common = dict(backbone=opts.backbone, model=opts.model, device=opts.device, dtype=opts.dtype,
+                      batch_size=opts.batch_size, precision=opts.precision, strict=opts.strict, loader=sd.loader)
         with output_lock(out / f"{s}-images.h5"), output_lock(out / f"{s}-captions.h5"):  # one writer each
-            caps = _encode_split(sd, out, s, base, common, part_rows, workers, cpus_per_worker, num_gpus_per_worker,
-                                 force, rep)
+            caps = _encode_split(sd, out, s, base, common, opts.part_rows, workers, cpus_per_worker,
+                                 opts.num_gpus_per_worker, opts.force, rep)
         qrels = {c.id: {c.image_id: 1} for c in caps if c.image_id}
         if qrels:
             write_qrels(out / f"{s}.qrels", qrels, meta={"dataset": base["dataset"], "split": s})

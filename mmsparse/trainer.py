@@ -3,7 +3,8 @@
 What it owns, so each method gets all of it: AdamW (fused where PyTorch supports it) over the
 method's parameter groups; the learning-rate schedule (warm-up, then linear, cosine or constant);
 a CPU torch.Generator for shuffling and random masks (the same batches and masks on every device);
-the device and bf16 autocast on CUDA; per-epoch history and validation; choosing the saved epoch
+the device and bf16 autocast (`--amp`: CUDA, or a CPU with AMX/AVX512-BF16); per-epoch history and
+validation; choosing the saved epoch
 (best `select_metric` among eligible epochs under `max_val_flops`); atomic epoch checkpoints and
 exact resume (model, optimizer, scheduler, RNG and the method's own state); progress.
 
@@ -23,18 +24,20 @@ import torch
 from .atomic import atomic_path, kill_point
 from .errors import InputError
 from .progress import reporter
+from .runtime import autocast, resolve_precision
 
 
 @dataclass
 class TrainResult:
     """best_epoch: the saved epoch (1-based; 0 when stopped early); history: one record per epoch
     ({"epoch", "step", "seconds", mean loss parts, "val": {...}}); state: that epoch's state dict;
-    finished: False when stopped by `stop_after_epoch`."""
+    finished: False when stopped by `stop_after_epoch`; precision: fp32 or bf16 (--amp resolved)."""
 
     best_epoch: int
     history: list[dict]
     state: dict
     finished: bool
+    precision: str = "fp32"   # what the forward passes computed in: fp32, or bf16 (--amp)
 
 
 def warmup_steps(warmup: float, total: int) -> int:
@@ -96,8 +99,9 @@ def fit(method, head, train, val=None, *, ckpt_dir: str | Path | None = None, de
     """
     cfg = method.cfg
     rep = reporter(progress)
-    if cfg.amp != "none" and not str(device).startswith("cuda"):
-        raise InputError(f"--amp {cfg.amp}: mixed precision runs on CUDA; pass --device cuda or --amp none")
+    precision = "fp32" if cfg.amp == "none" else resolve_precision(cfg.amp, device, flag="--amp")
+    if cfg.amp == "auto":
+        rep.log(f"--amp auto: {'bf16 autocast' if precision == 'bf16' else 'none (no native bf16 here)'}")
     head.to(device)
     train, val = method.place(train, device), (method.place(val, device) if val is not None else None)
     spe = method.steps_per_epoch(train)
@@ -116,20 +120,19 @@ def fit(method, head, train, val=None, *, ckpt_dir: str | Path | None = None, de
         history, best_state, start = st["history"], st["best_state"], st["epoch"]
     else:
         method.prepare(head, train)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cfg.amp == "bf16")
     step = start * spe
     with rep.task(f"epoch {start + 1}/{cfg.epochs}", total=total) as bar:
         bar.update(completed=step)
         for epoch in range(start, cfg.epochs):
             if stop_after_epoch is not None and epoch >= stop_after_epoch:
-                return TrainResult(0, history, best_state or {}, False)
+                return TrainResult(0, history, best_state or {}, False, precision)
             head.train()
             method.start_epoch(epoch)
             t0 = time.time()
             sums: dict[str, float] = {}
             n = 0
             for batch in method.batches(train, gen, epoch):
-                with autocast:
+                with autocast(device, precision):
                     loss, parts = method.loss(head, batch, step, gen, device)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
@@ -160,7 +163,8 @@ def fit(method, head, train, val=None, *, ckpt_dir: str | Path | None = None, de
                 with atomic_path(ckpt) as tmp:
                     torch.save(st, tmp)
     best = pick_epoch(history, method, cfg.select_metric, cfg.max_val_flops)
-    return TrainResult(best + 1, history, copy.deepcopy(best_state) if best_state else head.state_dict(), True)
+    return TrainResult(best + 1, history, copy.deepcopy(best_state) if best_state else head.state_dict(), True,
+                       precision)
 
 
 def load_checkpoint(ckpt: Path | None, fingerprint: dict, head, opt, sched, gen) -> dict | None:

@@ -24,6 +24,7 @@ LAYERS = {
     "mmsparse.formats": "formats",
     "mmsparse._version": "core", "mmsparse.errors": "core", "mmsparse.atomic": "core", "mmsparse.provenance": "core",
     "mmsparse.settings": "core", "mmsparse.checks": "core", "mmsparse.progress": "core",
+    "mmsparse.options": "core", "mmsparse.runtime": "core",
     "mmsparse.bench": "tools",              # benchmark programs
     "mmsparse.serve": "tools",              # the search web application (FastAPI)
     "mmsparse.pyterrier": "api",            # PyTerrier transformers over the API

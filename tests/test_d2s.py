@@ -10,7 +10,7 @@ import torch
 
 from mmsparse.methods.d2s.expansion import ExpansionControl
 from mmsparse.methods.d2s.head import D2SHead
-from mmsparse.methods.d2s.loss import d2s_loss, eta_at
+from mmsparse.methods.d2s.loss import d2s_loss, drop_coordinates, eta_at
 from mmsparse.methods.head import load_head
 from mmsparse.vocab import Vocab, document_frequency, indicator, pad_ids, to_columns
 
@@ -143,6 +143,82 @@ def test_live_columns_training_forward_is_exact(state):
     torch.testing.assert_close(out[0][0], out[1][0])
     for k in out[0][1]:
         torch.testing.assert_close(out[1][1][k], out[0][1][k], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("options", [
+    dict(expansion="caption-word", mask_caption_terms=False, l1_caption="raw", sparsity_loss="flops",
+         caption_terms_weight=1.0, doc_words_weight=3.0),
+    dict(expansion="caption-word", sparsity_loss="l1", doc_words_weight=1.0, doc_words_temperature=0.2),
+    dict(expansion="caption", l1_caption="masked", caption_terms_weight=0.5),
+    dict(expansion="full", sparsity_loss="flops"),
+    dict(expansion="none")])
+@pytest.mark.parametrize("bias", [0.0, -1.5])
+def test_gated_training_loss_equals_the_dense_one(options, bias):
+    """A head gated on both sides trains on the entries its gates keep (_gated_loss, a sparse
+    backward): the loss, its parts and every gradient equal the [B + U, live columns] computation
+    (_dense_loss) on the same batch, with the same random draws (dropout, expansion masks)."""
+    from mmsparse.methods.base import make_config
+    from mmsparse.methods.d2s.config import D2SConfig
+    from mmsparse.methods.d2s.method import D2S, image_words
+    from mmsparse.methods.pairs import PairData
+
+    v, n_img = 300, 40
+    g = np.random.default_rng(0)
+    rng = torch.Generator().manual_seed(0)
+    zi = torch.nn.functional.normalize(torch.randn(n_img, 16, generator=rng), dim=1)
+    cap_img = torch.arange(n_img).repeat_interleave(3)
+    zc = torch.nn.functional.normalize(zi[cap_img] + 0.5 * torch.randn(len(cap_img), 16, generator=rng), dim=1)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    vocab = [("" if i % 5 else "##") + letters[i // 26] + letters[i % 26] for i in range(v)]   # words and pieces
+    token_ids = [np.unique(np.minimum(g.zipf(1.3, 10) - 1, v - 1)) for _ in range(len(cap_img))]
+    train = PairData(zi, zc, cap_img, [f"i{i}" for i in range(n_img)], [f"c{i}" for i in range(len(cap_img))],
+                     [""] * len(cap_img), {}, {}, tok=torch.from_numpy(pad_ids(token_ids, v)), token_ids=token_ids)
+    cfg = make_config(D2SConfig, dict(epochs=4, image_dropout=0.2, doc_top_k=24, query_top_k=12, eta=0.05,
+                                      **options))
+    m = D2S(cfg)
+    m.pec = ExpansionControl(cfg.expansion, document_frequency(token_ids, v), cfg.epochs, cfg.mask_caption_terms)
+    m.pec.set_epoch(2)
+    m.l1_warm = 0
+    if cfg.doc_words_weight > 0:
+        m.img_words, m.word_weight = image_words(train, vocab, cfg.doc_words_target, cfg.doc_words_max_df)
+    voc = Vocab(vocab, torch.randn(v, 8, generator=torch.Generator().manual_seed(3)), None, "random")
+    torch.manual_seed(0)
+    head = D2SHead.from_vocab(16, voc, {}, init_bias=bias, doc_top_k=24, query_top_k=12)
+    idx = torch.randperm(len(cap_img), generator=torch.Generator().manual_seed(1))[:48]
+    out = []
+    for path in (m._dense_loss, m._gated_loss):
+        head.zero_grad()
+        gen = torch.Generator().manual_seed(5)
+        uimg = torch.unique(cap_img[idx])
+        z = torch.cat([zc[idx], drop_coordinates(zi[uimg], cfg.image_dropout, gen)])
+        loss, parts = path(head, z, idx, uimg, zc[idx], zi[uimg], train, 7, gen)
+        loss.backward()
+        out.append((loss.detach(), parts, {k: p.grad.clone() for k, p in head.named_parameters()}))
+    (l0, p0, g0), (l1, p1, g1) = out
+    torch.testing.assert_close(l1, l0, rtol=1e-5, atol=1e-6)
+    assert p0.keys() == p1.keys() and all(p1[k] == pytest.approx(p0[k], rel=1e-4, abs=1e-6) for k in p0)
+    for k in g0:
+        torch.testing.assert_close(g1[k], g0[k], rtol=1e-4, atol=1e-6)
+    assert any(float(x.abs().sum()) > 0 for x in g1.values())
+
+
+def test_encode_csr_equals_the_dense_output():
+    """encode_csr (the gated sides from their top-k pre-activations, no dense output) gives the
+    CSR of forward's output: gated and ungated, both sides, with a posting floor, and no gate."""
+    import scipy.sparse as sp
+
+    z = torch.randn(70, 8)
+    for top in ((0, 0), (5, 9), (60, 60)):
+        head = _head(bias=-0.2)
+        head.config.update(doc_top_k=top[0], query_top_k=top[1])
+        if top[0]:
+            head.prune_postings(torch.randn(40, 8), 0.3)
+        for side in ("image", "text"):
+            for gate in (True, False):
+                got = head.encode_csr(z, side=side, gate=gate)
+                want = sp.csr_matrix(head(z, side=side, gate=gate).detach().numpy())
+                assert got.dtype == np.float32 and got.indices.dtype == np.int32 and got.has_sorted_indices
+                assert (got != want).nnz == 0 and got.nnz == want.nnz and got.nnz > 0
 
 
 def test_indicator_cols_is_a_column_subset():
@@ -398,3 +474,97 @@ def test_doc_words_targets_and_max_df():
     assert idf.tolist() == pytest.approx([0, np.log(2), 0, np.log(2), np.log(4), 0, 0, 0])
     with pytest.raises(ValueError, match="doc_words_target"):
         image_words(train, vocab, "tf")
+
+
+def _amp_setup(gated: bool, method_name: str = "d2s"):
+    """A D2S (or inference-free) method and head over a 300-term vocabulary on synthetic pairs."""
+    from mmsparse.methods import get_method
+    from mmsparse.methods.base import make_config
+    from mmsparse.methods.d2s.method import image_words
+    from mmsparse.methods.pairs import PairData
+
+    v, n_img = 300, 40
+    g = np.random.default_rng(0)
+    rng = torch.Generator().manual_seed(0)
+    zi = torch.nn.functional.normalize(torch.randn(n_img, 16, generator=rng), dim=1)
+    cap_img = torch.arange(n_img).repeat_interleave(3)
+    zc = torch.nn.functional.normalize(zi[cap_img] + 0.5 * torch.randn(len(cap_img), 16, generator=rng), dim=1)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    vocab = [letters[i // 26] + letters[i % 26] for i in range(v)]
+    token_ids = [np.unique(np.minimum(g.zipf(1.3, 10) - 1, v - 1)) for _ in range(len(cap_img))]
+    train = PairData(zi, zc, cap_img, [f"i{i}" for i in range(n_img)], [f"c{i}" for i in range(len(cap_img))],
+                     [""] * len(cap_img), {}, {}, tok=torch.from_numpy(pad_ids(token_ids, v)), token_ids=token_ids)
+    cls = get_method(method_name)
+    extra = dict(doc_top_k=24, query_top_k=12, doc_words_weight=1.0, caption_terms_weight=1.0) \
+        if gated and method_name == "d2s" else {}
+    cfg = make_config(cls.config_class, dict(epochs=4, eta=0.05, sparsity_loss="flops", **extra))
+    m = cls(cfg)
+    if method_name == "d2s":
+        m.pec = ExpansionControl(cfg.expansion, document_frequency(token_ids, v), cfg.epochs)
+        m.pec.set_epoch(2)
+        if cfg.doc_words_weight > 0:
+            m.img_words, m.word_weight = image_words(train, vocab, "uniform", 0.5)
+    else:
+        m.query_df = torch.as_tensor(document_frequency(token_ids, v), dtype=torch.float32)
+    m.l1_warm = 0
+    voc = Vocab(vocab, torch.randn(v, 8, generator=torch.Generator().manual_seed(3)), None, "random")
+    torch.manual_seed(0)
+    head = m.head_class.from_vocab(16, voc, {}, doc_top_k=extra.get("doc_top_k", 0),
+                                   query_top_k=extra.get("query_top_k", 0))
+    return m, head, train
+
+
+@pytest.mark.parametrize("method_name,gated", [("d2s", True), ("d2s", False), ("inference-free", False)])
+def test_bf16_autocast_trains_like_fp32(method_name, gated):
+    """Under bf16 autocast (train-head --amp bf16) the heads' custom backward passes return
+    gradients in their parameters' dtypes (they crashed: "expected mat1 and mat2 to have the same
+    dtype"), close to fp32's; a few AdamW steps on one batch lower its loss as in fp32. On this CPU's autocast
+    (emulated where the CPU has no bf16 unit: slower, same rounding) and on CUDA when present."""
+    from mmsparse.trainer import make_optimizer
+
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else [])
+    for device in devices:
+        runs = {}
+        for amp in (False, True):
+            m, head, train = _amp_setup(gated, method_name)
+            head.to(device)
+            train.to(device)
+            opt = make_optimizer(m.param_groups(head), 1e-2, 0.0)
+            losses, first = [], None
+            idx = torch.randperm(len(train.cap_ids), generator=torch.Generator().manual_seed(1))[:48]
+            for step in range(6):   # one batch, the same draws: the loss on it must fall
+                gen = torch.Generator().manual_seed(7)
+                with torch.autocast(device, dtype=torch.bfloat16, enabled=amp):
+                    loss, _ = m.loss(head, (idx, train), 10, gen, device)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if first is None:
+                    first = {k: p.grad.detach().float().cpu().clone() for k, p in head.named_parameters()
+                             if p.grad is not None}
+                    assert all(p.grad.dtype == p.dtype for p in head.parameters() if p.grad is not None)
+                opt.step()
+                losses.append(float(loss.detach()))
+            runs[amp] = losses, first
+        (l32, g32), (l16, g16) = runs[False], runs[True]
+        assert np.isfinite(l16).all() and l16[-1] < l16[0] and l32[-1] < l32[0], (l32, l16)
+        np.testing.assert_allclose(l16, l32, rtol=0.01)
+        for k in g32:   # bf16 products: the same direction (0.94-1.0 here), not the same bits
+            cos = torch.nn.functional.cosine_similarity(g16[k].flatten(), g32[k].flatten(), dim=0)
+            assert cos > 0.9, (device, k, float(cos))
+
+
+def test_amp_on_a_cpu_without_bf16_is_refused_saying_why(monkeypatch):
+    from mmsparse import runtime
+    from mmsparse.errors import InputError
+    from mmsparse.trainer import fit
+
+    m, head, train = _amp_setup(True)
+    m.cfg.amp = "bf16"
+    monkeypatch.setattr(runtime, "cpu_bf16", lambda: None)
+    with pytest.raises(InputError, match=r"--amp bf16: this CPU .* has no bf16 matrix unit \(AMX or AVX512-BF16\)"):
+        fit(m, head, train, None, device="cpu")
+    m.cfg.amp = "auto"   # auto: fp32 here, and the run says so
+    monkeypatch.setattr(m, "steps_per_epoch", lambda t: 1)
+    monkeypatch.setattr(m, "batches", lambda t, g, e: iter([(torch.arange(48), train)]))
+    res = fit(m, head, train, None, device="cpu")
+    assert res.precision == "fp32" and res.finished

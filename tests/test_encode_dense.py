@@ -21,6 +21,7 @@ from mmsparse.data import read_image_folder, read_karpathy
 from mmsparse.errors import InputError
 from mmsparse.formats import read_dense, read_qrels
 from mmsparse.progress import Reporter
+from mmsparse.runtime import cpu_bf16
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none on this machine)")
 
@@ -94,8 +95,12 @@ def test_cli_errors(run_cli, flickr8k_dir, tmp_path):
     code, _, err = run_cli("encode-dense", tmp_path / "missing.json", tmp_path, "-o", tmp_path)
     assert code == 2 and "not found" in err
     code, _, err = run_cli("encode-dense", flickr8k_dir / "dataset_flickr8k.json", flickr8k_dir / "images",
-                           "-o", tmp_path / "o", "--precision", "bf16", "--device", "cpu")
-    assert code == 2 and "--precision bf16: autocast runs on CUDA only" in err and not (tmp_path / "o").exists()
+                           "-o", tmp_path / "o", "--precision", "fp16", "--device", "cpu")
+    assert code == 2 and "--precision fp16: float16 autocast runs on CUDA only" in err and not (tmp_path / "o").exists()
+    if cpu_bf16() is None:   # emulated bf16 is refused; where it is native, test_bf16_on_cpu runs it
+        code, _, err = run_cli("encode-dense", flickr8k_dir / "dataset_flickr8k.json", flickr8k_dir / "images",
+                               "-o", tmp_path / "o", "--precision", "bf16", "--device", "cpu")
+        assert code == 2 and "has no bf16 matrix unit (AMX or AVX512-BF16)" in err and not (tmp_path / "o").exists()
     code, _, err = run_cli("encode-dense", flickr8k_dir / "dataset_flickr8k.json", flickr8k_dir / "images",
                            "-o", tmp_path / "o", "--precision", "fp8")
     assert code == 2 and "--precision 'fp8'" in err
@@ -194,7 +199,7 @@ def test_interrupted_encode_resumes_to_same_file(tiny_clip, image_dir, tmp_path)
     recs = read_image_folder(image_dir)["all"].images
     attrs = {"modality": "image", "dataset": "t", "split": "all"}
     rep = Logs()
-    kw = dict(batch_size=2, workers=0, shard_rows=3, extras=("pre_projection",), progress=rep)
+    kw = dict(batch_size=2, workers=0, shard_rows=3, pre_projection=True, progress=rep)
     full = encode_images_file(bb, recs, tmp_path / "full.h5", attrs, **kw)
     assert full.rows == 10 and full.encoded == 10 and rep.tasks == ["full.h5"]
     good = (image_dir / "im07.png").read_bytes()

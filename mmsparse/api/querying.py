@@ -62,6 +62,7 @@ import numpy as np
 from .. import provenance
 from ..errors import InputError
 from ..progress import Reporter, reporter
+from ..runtime import torch_threads
 
 MAX_QUERY_CHARS = 1000          # longer texts are refused (the backbone truncates at max_length tokens)
 TABLE_METHOD = "inference-free"  # the method whose text queries are a table lookup (TableQueryEncoder)
@@ -290,18 +291,18 @@ class QueryEncoder:
         extras = list(TEXT_EXTRAS if texts else IMAGE_EXTRAS) if self.head is not None else []
         attrs = {"modality": modality, "dataset": "query", "split": "query"}
         ids = [f"q{i}" for i in range(len(texts or images))]
-        with self.lock, _torch_threads(self.threads), \
+        with self.lock, torch_threads(self.threads), \
                 tempfile.TemporaryDirectory(prefix="mmsparse-query-", dir=_scratch()) as tmp:
             dense = Path(tmp) / "queries.h5"
             if texts:
                 recs = [CaptionRecord(i, str(t).strip(), "") for i, t in zip(ids, texts)]
-                encode_captions_file(self.backbone, recs, dense, attrs, batch_size=batch_size, extras=extras,
-                                     states_dtype=enc.get("states_dtype", "float16"))
+                encode_captions_file(self.backbone, recs, dense, attrs, batch_size=batch_size,
+                                     states_dtype=enc.get("states_dtype", "float16"), **{e: True for e in extras})
             else:
                 recs = [ImageRecord(i, p.resolve()) for i, p in zip(ids, images)]
                 encode_images_file(self.backbone, recs, dense, attrs, batch_size=batch_size, workers=0,
-                                   extras=extras, layer=enc.get("layer", -1),
-                                   states_dtype=enc.get("states_dtype", "float16"), strict=True)
+                                   layer=enc.get("layer", -1), states_dtype=enc.get("states_dtype", "float16"),
+                                   strict=True, **{e: True for e in extras})
             dc = read_dense(dense)
             matrix = None
             if self.head is not None:
@@ -487,22 +488,6 @@ def _scratch() -> str | None:
 
     shm = "/dev/shm"
     return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
-
-
-@contextlib.contextmanager
-def _torch_threads(n: int | None):
-    """torch.set_num_threads(n) inside the block, restored after (None: unchanged)."""
-    if not n:
-        yield
-        return
-    import torch
-
-    old = torch.get_num_threads()
-    torch.set_num_threads(int(n))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
 
 
 class QueryEngine:

@@ -9,13 +9,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import provenance
-from ..checks import check_compatible
+from ..checks import DENSE_FIX, check_compatible, near_dense, terms_share, warn
 from ..errors import InputError
 from ..formats.dense import iter_dense, read_dense_attrs
 from ..formats.sparse import write_sparse
 from ..methods import get_config_class, get_method
 from ..methods.headdir import head_method, read_head_config
 from ..progress import reporter
+from ..runtime import default_threads
 
 if TYPE_CHECKING:
     from ..methods.head import SparseHead
@@ -29,7 +30,8 @@ TABLE_METHOD = "inference-free"   # the method whose queries are text through a 
 def sparsify(head: str | Path | SparseHead, dense: str | Path, *, out: str | Path, query_mode: str | None = None,
              batch_size: int | None = None, threads: int | None = None, force: bool = False,
              ray: str | None = None, workers: int = 1, num_gpus_per_worker: float = 0.0,
-             cpus_per_worker: float = 1, part_rows: int | None = None, progress=None, **options) -> Path:
+             cpus_per_worker: float = 1, part_rows: int | None = None, allow_dense: bool = False, progress=None,
+             **options) -> Path:
     """Project the rows of dense HDF5 `dense` onto the vocabulary of `head` (a head directory or
     a loaded head) and write them as a sparse HDF5 file (CSR, see docs/formats.md) to `out`.
 
@@ -49,6 +51,8 @@ def sparsify(head: str | Path | SparseHead, dense: str | Path, *, out: str | Pat
     "ray://host:10001"; mmsparse/distributed.py) with `workers` head replicas (Ray actors,
     `num_gpus_per_worker` GPUs and `cpus_per_worker` CPUs each); `out` is then a sharded directory
     (parts of `part_rows` rows + manifest.json, mmsparse/formats/sharded.py). Returns `out`.
+    Rows holding more than 10 % of the vocabulary on average (a head not sparse yet) get a warning
+    line with the measured density and the fix, unless allow_dense.
     """
     from ..formats.queries import query_file_kind
 
@@ -92,8 +96,7 @@ def sparsify(head: str | Path | SparseHead, dense: str | Path, *, out: str | Pat
                               batch_size or m.batch_size, keep, n_rows=n_rows, ray=ray, workers=workers,
                               num_gpus_per_worker=num_gpus_per_worker, cpus_per_worker=cpus_per_worker,
                               part_rows=part_rows, force=force, progress=rep)
-    if threads:
-        torch.set_num_threads(threads)
+    torch.set_num_threads(threads or default_threads())
     res = m.sparsify(h, head_dir, Path(dense), Path(out), mode, opts, batch_size or m.batch_size, rep)
     if res.matrix.nnz and not np.isfinite(res.matrix.data).all():
         raise InputError(f"{dense}: the head gives NaN/Inf weights for some rows; check the input vectors")
@@ -104,6 +107,11 @@ def sparsify(head: str | Path | SparseHead, dense: str | Path, *, out: str | Pat
     nnz = np.diff(res.matrix.indptr)
     rep.log(f"sparsify: {len(res.ids)} {attrs['modality']} rows -> {out} ({h.method} {mode}; "
             f"{nnz.mean() if len(nnz) else 0:.1f} terms/row)")
+    v = int(h.config["vocab_size"])
+    if len(nnz) and near_dense(nnz.mean(), v) and not allow_dense:
+        warn(f"{out}: {terms_share('its ' + str(len(nnz)) + ' rows', nnz.mean(), v)}, {nnz.sum() * 8 / 1e6:,.0f} MB "
+             f"of postings: head {head_dir or h.method} is not sparse yet, and an index of these walks most posting "
+             f"lists for every query; {DENSE_FIX}, or pass --allow-dense to go on quietly")
     return Path(out)
 
 

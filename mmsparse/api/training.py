@@ -16,6 +16,7 @@ from ..methods import canonical, get_config_class, get_method
 from ..methods.base import TrainInputs, make_config
 from ..methods.head import load_head
 from ..progress import reporter
+from ..runtime import default_threads
 
 __all__ = ["train_head", "load_head", "resolve_config", "workspace_inputs"]
 
@@ -37,7 +38,8 @@ def train_head(train_images: str | Path | None = None, train_captions: str | Pat
     config: a TOML or JSON file of options (or a head's config.json, to train with its config).
     **options: the method's options (`mmsparse train-head --help` lists them; keywords are the
     flags without dashes, e.g. eta=1e-3, expansion="caption"); they override `config`.
-    device: cpu, cuda, cuda:N. threads: torch CPU threads (None: leave as is).
+    device: cpu, cuda, cuda:N. threads: torch CPU threads (None: every available core,
+    mmsparse.runtime.default_threads).
     A run writes OUT.ckpt/last.pt after every epoch; a rerun with the same inputs and options
     resumes from it (restart=True starts over); it is removed on success unless keep_checkpoint.
     Returns `out`. Raises InputError on bad inputs or options.
@@ -53,8 +55,7 @@ def train_head(train_images: str | Path | None = None, train_captions: str | Pat
     if device != "cpu" and not (str(device).startswith("cuda") and torch.cuda.is_available()):
         raise InputError(f"--device {device}: not available here; use --device cpu")
     inputs = _inputs(train_images, train_captions, val_images, val_captions, qrels, val_qrels, backbone)
-    if threads:
-        torch.set_num_threads(threads)
+    torch.set_num_threads(threads or default_threads())
     out = Path(out)
     t0 = time.time()
     m = get_method(method)(cfg)
@@ -70,17 +71,34 @@ def train_head(train_images: str | Path | None = None, train_captions: str | Pat
     head.load_state_dict(res.state)
     m.finish(head, train, rep)
     chosen = res.history[res.best_epoch - 1]
-    head.config["training"] = {**m.training, "method": method, "config": asdict(cfg), "best_epoch": res.best_epoch,
+    head.config["training"] = {**m.training, "method": method, "config": asdict(cfg), "precision": res.precision,
+                               "best_epoch": res.best_epoch,
                                "val": chosen.get("val"), "seconds": round(time.time() - t0, 1),
                                "history": res.history}
     head.save_pretrained(out)
     if not keep_checkpoint:
         shutil.rmtree(ckpt_dir, ignore_errors=True)
     v = chosen.get("val") or {}
+    _warn_if_dense(out, v, int(head.config.get("vocab_size", 0)))
     rep.log(f"saved epoch {res.best_epoch} to {out}"
             + (f" (val R@1 {v['R@1']:.4f}, R@10 {v['R@10']:.4f}, FLOPs {v['FLOPs']:.1f})" if "R@1" in v else "")
             + f" in {time.time() - t0:.0f}s")
     return out
+
+
+def _warn_if_dense(out: Path, val: dict, vocab_size: int) -> None:
+    """One warning line when the saved epoch's validation vectors hold over checks.NEAR_DENSE of
+    the vocabulary (d_nnz: per image, q_nnz: per caption): a head that is not sparse yet."""
+    from ..checks import DENSE_FIX, near_dense, terms_share, warn
+
+    dense = [terms_share(what, val[k], vocab_size) for k, what in (("d_nnz", "validation images"),
+                                                                   ("q_nnz", "validation captions"))
+             if k in val and near_dense(val[k], vocab_size)]
+    if dense:
+        flops = f" (validation FLOPs {val['FLOPs']:,.0f}: the terms a query and an image share, eq. 1)" \
+            if "FLOPs" in val else ""
+        warn(f"{out}: the saved head is near dense: {' and '.join(dense)}{flops}; sparsify, index and search of its "
+             f"vectors will be slow; {DENSE_FIX}")
 
 
 def resolve_config(config: str | Path | None, options: dict, method: str | None = None) -> dict:

@@ -87,6 +87,29 @@ class Backbone(ABC):
     # picklable callable list[PIL.Image] -> pixel_values float32 [B, 3, H, W] (CPU), run in
     # DataLoader workers; set by subclasses from the model's saved image processor
     image_preprocessor: Callable | None = None
+    channels_last: bool = False   # image batches enter the tower channels-last (set_memory_format)
+
+    def image_tower(self):
+        """The image tower's torch module, for set_memory_format; None where there is none to lay out."""
+        return None
+
+    def set_memory_format(self, memory_format: str = "auto") -> str:
+        """Lay out a convolutional image tower (more than one Conv2d) and its input batches
+        channels-last or contiguous. memory_format: channels-last, contiguous, or auto (channels-last
+        on CUDA and on CPUs with AVX-512, where oneDNN's channels-last convolutions are faster;
+        contiguous elsewhere, e.g. on AVX2, where it is not: docs/speed.md). Returns the layout
+        used ("contiguous" for a transformer tower, whatever was asked)."""
+        import torch
+
+        from ..runtime import cpu_avx512
+        tower = self.image_tower()
+        convs = sum(isinstance(m, torch.nn.Conv2d) for m in tower.modules()) if tower is not None else 0
+        want = memory_format == "channels-last" or memory_format == "auto" and (
+            str(self.device).startswith("cuda") or str(self.device) == "cpu" and cpu_avx512())
+        self.channels_last = bool(want and convs > 1)
+        if tower is not None:
+            tower.to(memory_format=torch.channels_last if self.channels_last else torch.contiguous_format)
+        return "channels-last" if self.channels_last else "contiguous"
 
     # -- images ---------------------------------------------------------------------------
     def preprocess_images(self, images: list) -> "torch.Tensor":  # noqa: F821

@@ -23,17 +23,19 @@ Extra datasets in the dense file (only when asked for):
                                      row-major to P = H*W)
 token/patch states are stored as `states_dtype` (float16 by default).
 
-Speed: images are decoded and preprocessed by a torch DataLoader with `workers` processes (0 = in
-the calling process; the vectors are byte-identical either way, the model runs in the calling
-process), batches go through pinned memory on CUDA, and `precision` bf16/fp16 runs the encoders
-under CUDA autocast (vectors are still normalised and stored as float32/`dtype`).
-Progress goes to a `mmsparse.progress.Reporter` (one task per output file; resume messages as
-log lines); nothing here prints.
+Options are one `EncodeOptions` (backbones/options.py); the functions below also take its fields
+as keywords. Speed: images are decoded and preprocessed by a torch DataLoader with `workers`
+processes (0 = in the calling process; the vectors are byte-identical either way, the model runs
+in the calling process), batches go through pinned memory on CUDA, `precision` bf16/fp16 runs the
+encoders under autocast (CUDA, or bf16 on a CPU with AMX/AVX512-BF16: mmsparse.runtime), entered
+once per file so cast weights are reused across batches (vectors are still normalised and stored
+as float32/`dtype`), and `memory_format` lays convolutional image towers out channels-last where
+that is faster (Backbone.set_memory_format). Progress goes to a `mmsparse.progress.Reporter` (one
+task per output file; resume messages as log lines); nothing here prints.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import shutil
@@ -52,35 +54,12 @@ from ..formats._h5 import STR, read_strings
 from ..data.records import CaptionRecord, ImageRecord
 from ..progress import Reporter, reporter
 from ..provenance import check_input
+from ..runtime import autocast, default_workers, resolve_precision
 from .base import Backbone
+from .options import EncodeOptions
 
 FINGERPRINT = "fingerprint.json"
 MERGE_ROWS = 256
-PRECISIONS = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
-
-
-def check_precision(precision: str, device: str) -> None:
-    """InputError unless `precision` (fp32 | bf16 | fp16) can run on `device`: bf16 and fp16 are
-    CUDA autocast only (a CPU run is fp32), bf16 needs a GPU that supports it."""
-    if precision not in PRECISIONS:
-        raise InputError(f"--precision {precision!r}: use one of {', '.join(PRECISIONS)}")
-    if precision == "fp32":
-        return
-    if not str(device).startswith("cuda"):
-        raise InputError(f"--precision {precision}: autocast runs on CUDA only, and this run uses {device}; "
-                         f"use --precision fp32 (or --device cuda on a GPU machine)")
-    import torch
-    if precision == "bf16" and not torch.cuda.is_bf16_supported():
-        raise InputError("--precision bf16: this GPU does not support bfloat16; use --precision fp16 or fp32")
-
-
-def autocast(device: str, precision: str):
-    """Context manager: torch.autocast on CUDA with `precision`'s dtype, nothing for fp32."""
-    check_precision(precision, device)
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    import torch
-    return torch.autocast(device_type="cuda", dtype=getattr(torch, PRECISIONS[precision]))
 
 
 @dataclass
@@ -338,20 +317,25 @@ def _merge(out: Path, partial: Path, n_shards: int, dim: int, attrs: dict, text:
 
 
 @locks_output("out")  # one writer per output: two would share (and delete) OUT.partial
-def _run_shards(kind, backbone, records, out, attrs, shard_rows, dtype, extras, states_dtype,
-                layer, encode_shard, rep: Reporter, force, precision="fp32", begin=None) -> EncodeResult:
+def _run_shards(kind, backbone, records, out, attrs, opts: EncodeOptions, precision: str, shard_rows: int,
+                encode_shard, rep: Reporter, begin=None) -> EncodeResult:
     """Encode `records` shard by shard (see the module docstring) and merge into `out`.
     encode_shard(shard records, shard writer, advance) -> skipped [(id, error)]; begin(ranges), if
-    given, is called once with the [start, stop) record ranges of the shards still to encode."""
+    given, is called once with the [start, stop) record ranges of the shards still to encode.
+    precision: the resolved one (fp32 | bf16 | fp16)."""
     out = Path(out)
     partial = out.with_name(out.name + ".partial")
-    settings = {"extras": sorted(extras), "layer": layer, "states_dtype": states_dtype,
-                "shard_rows": shard_rows, "dtype": dtype, "attrs": {k: str(v) for k, v in sorted(attrs.items())}}
+    extras = opts.extras(kind)
+    layer = opts.layer if kind == "images" else -1
+    settings = {"extras": sorted(extras), "layer": layer, "states_dtype": opts.states_dtype,
+                "shard_rows": shard_rows, "dtype": opts.dtype, "attrs": {k: str(v) for k, v in sorted(attrs.items())}}
     if precision != "fp32":  # fp32 files keep the fingerprint they had before --precision existed
         settings["precision"] = precision
+    if kind == "images" and backbone.channels_last:  # likewise contiguous files before --memory-format
+        settings["memory_format"] = "channels-last"
     fp = _fingerprint(kind, backbone, records, settings)
     fp_text = json.dumps(fp, sort_keys=True)
-    if not force:
+    if not opts.force:
         done = _finished(out, fp_text, backbone.model)
         if done is not None:
             with rep.task(f"{out.name} (up to date)", total=len(records)) as t:
@@ -363,7 +347,7 @@ def _run_shards(kind, backbone, records, out, attrs, shard_rows, dtype, extras, 
     if begin is not None:
         begin([(s * shard_rows, min(len(records), (s + 1) * shard_rows)) for s in range(n_shards)
                if not (partial / f"shard-{s:05d}.h5").exists()])
-    with rep.task(out.name, total=len(records)) as task:
+    with rep.task(out.name, total=len(records)) as task, autocast(backbone.device, precision):
         for s in range(n_shards):
             shard = records[s * shard_rows:(s + 1) * shard_rows]
             path = partial / f"shard-{s:05d}.h5"
@@ -388,7 +372,7 @@ def _run_shards(kind, backbone, records, out, attrs, shard_rows, dtype, extras, 
         a["patch_layer"] = int(layer)
     if precision != "fp32":
         a["precision"] = precision
-    n, skipped = _merge(out, partial, n_shards, backbone.dim, a, kind == "captions", dtype, proj)
+    n, skipped = _merge(out, partial, n_shards, backbone.dim, a, kind == "captions", opts.dtype, proj)
     shutil.rmtree(partial, ignore_errors=True)
     return EncodeResult(out, n, encoded, seconds, skipped)
 
@@ -396,44 +380,46 @@ def _run_shards(kind, backbone, records, out, attrs, shard_rows, dtype, extras, 
 # -- public -----------------------------------------------------------------------------------
 
 def encode_images_file(backbone: Backbone, records: Sequence[ImageRecord], out: str | Path, attrs: dict,
-                       batch_size: int = 64, workers: int = 1, dtype: str = "float32",
-                       extras: Sequence[str] = (), layer: int = -1, states_dtype: str = "float16",
-                       strict: bool = False, shard_rows: int = 1024, precision: str = "fp32",
-                       loader=None, progress: Reporter | None = None, force: bool = False) -> EncodeResult:
+                       options: EncodeOptions | None = None, *, loader=None, shard_rows: int = 1024,
+                       progress: Reporter | None = None, **values) -> EncodeResult:
     """Encode images into dense file `out` (modality=image, ids = record ids, vectors [N, d] float32
     or `dtype`), resumably (see the module docstring).
 
-    extras: subset of ("pre_projection", "patch_states"). workers: DataLoader processes decoding
-    and preprocessing images (0 = this process; same bytes either way). precision: fp32, or
-    bf16/fp16 autocast on CUDA (InputError elsewhere). loader: picklable record -> PIL image
-    (default: open record.path). Broken or missing images are skipped and listed in the result
-    (strict=True raises InputError naming the first one instead).
+    options: an EncodeOptions; `values` replace its fields (batch_size=32, workers=0, ...). Read
+    here: batch_size, workers (DataLoader processes decoding and preprocessing images, 0 = this
+    process, same bytes either way; None = runtime.default_workers()), dtype, pre_projection and
+    patch_states (extras) with layer and states_dtype, strict, precision (fp32, bf16/fp16 autocast,
+    auto; InputError where it cannot run, runtime.resolve_precision), force. The backbone's layout
+    is its own (Backbone.set_memory_format). loader: picklable record -> PIL image (default: open
+    record.path). Broken or missing images are skipped and listed in the result (strict raises
+    InputError naming the first one instead).
     attrs: the dense attributes other than backbone/model/normalized/dim (modality, dataset, split...).
     """
     import torch
-    check_precision(precision, backbone.device)
-    sd = np.dtype(states_dtype)
-    ex = tuple(e for e in extras if e in ("pre_projection", "patch_states"))
+    opts = EncodeOptions.make(options, **values)
+    precision = resolve_precision(opts.precision, backbone.device)
+    sd = np.dtype(opts.states_dtype)
+    ex = opts.extras("images")
+    workers = default_workers() if opts.workers is None else opts.workers
 
     records = list(records)
     batches = {}
 
     def begin(ranges):  # one DataLoader over every shard still to do: workers never wait for a shard
-        batches["it"] = iter(image_batches(backbone, records, batch_size, workers, loader, ranges))
+        batches["it"] = iter(image_batches(backbone, records, opts.batch_size, workers, loader, ranges))
 
     def encode_shard(shard, sw, advance):
         skipped, done = [], 0
         while done < len(shard):
             ids, pv, bad = next(batches["it"])
             done += len(ids) + len(bad)
-            if bad and strict:
+            if bad and opts.strict:
                 path = next(r.path for r in shard if r.id == bad[0][0])
                 raise InputError(f"{path}: cannot read image ({bad[0][1]}); fix or remove it, "
                                  f"or drop --strict to skip broken images")
             skipped += bad
             if ids:
-                with autocast(backbone.device, precision):
-                    res = backbone.encode_pixels(pv, ex, layer)
+                res = backbone.encode_pixels(pv, ex, opts.layer)
                 sw.strings("ids", ids)
                 sw.rows("vectors", res["vectors"].astype(np.float32))
                 for e in ex:
@@ -443,25 +429,27 @@ def encode_images_file(backbone: Backbone, records: Sequence[ImageRecord], out: 
         return skipped
 
     with torch.inference_mode():
-        return _run_shards("images", backbone, records, out, attrs, shard_rows, dtype, ex,
-                           states_dtype, layer, encode_shard, reporter(progress), force, precision, begin)
+        return _run_shards("images", backbone, records, out, attrs, opts, precision, shard_rows, encode_shard,
+                           reporter(progress), begin)
 
 
 def encode_captions_file(backbone: Backbone, records: Sequence[CaptionRecord], out: str | Path, attrs: dict,
-                         batch_size: int = 64, dtype: str = "float32", extras: Sequence[str] = (),
-                         states_dtype: str = "float16", shard_rows: int = 4096, precision: str = "fp32",
-                         progress: Reporter | None = None, force: bool = False) -> EncodeResult:
+                         options: EncodeOptions | None = None, *, shard_rows: int = 4096,
+                         progress: Reporter | None = None, **values) -> EncodeResult:
     """Encode captions into dense file `out` (modality=text, ids = caption ids, texts and image_ids
-    stored, vectors [N, d]). extras: subset of ("pre_projection", "token_states"); token_states
-    also stores token_mask and token_ids, padded to backbone.max_length. precision as for
-    encode_images_file. Captions are not checked here (the caller drops or refuses empty ones)."""
+    stored, vectors [N, d]). options / values as for encode_images_file; read here: batch_size,
+    dtype, pre_projection and token_states (extras; token_states also stores token_mask and
+    token_ids, padded to backbone.max_length) with states_dtype, precision, force. Captions are
+    not checked here (the caller drops or refuses empty ones)."""
     import torch
-    check_precision(precision, backbone.device)
-    sd = np.dtype(states_dtype)
-    ex = tuple(e for e in extras if e in ("pre_projection", "token_states"))
+    opts = EncodeOptions.make(options, **values)
+    precision = resolve_precision(opts.precision, backbone.device)
+    sd = np.dtype(opts.states_dtype)
+    ex = opts.extras("captions")
     keys = [e for e in ex if e != "token_states"] + (["token_states", "token_mask", "token_ids"]
                                                      if "token_states" in ex else [])
     pad = backbone.tokenizer.pad_token_id or 0
+    bs = opts.batch_size
 
     def encode_shard(shard, sw, advance):
         sw.strings("ids", [c.id for c in shard])
@@ -470,10 +458,9 @@ def encode_captions_file(backbone: Backbone, records: Sequence[CaptionRecord], o
         # batches of similar length waste less compute on padding; rows are written back at
         # their file positions
         order = np.array(sorted(range(len(shard)), key=lambda i: len(shard[i].text)), dtype=np.int64)
-        for s in range(0, len(order), batch_size):
-            at = order[s:s + batch_size]
-            with autocast(backbone.device, precision):
-                res = backbone.encode_tokens(backbone.tokenize([shard[i].text for i in at]), ex)
+        for s in range(0, len(order), bs):
+            at = order[s:s + bs]
+            res = backbone.encode_tokens(backbone.tokenize([shard[i].text for i in at]), ex)
             if "token_states" in ex:
                 res = _pad_tokens(res, backbone.max_length, pad, sd)
             sw.rows("vectors", res["vectors"].astype(np.float32), at)
@@ -484,5 +471,5 @@ def encode_captions_file(backbone: Backbone, records: Sequence[CaptionRecord], o
         return []
 
     with torch.inference_mode():
-        return _run_shards("captions", backbone, list(records), out, attrs, shard_rows, dtype, ex,
-                           states_dtype, -1, encode_shard, reporter(progress), force, precision)
+        return _run_shards("captions", backbone, list(records), out, attrs, opts, precision, shard_rows,
+                           encode_shard, reporter(progress))

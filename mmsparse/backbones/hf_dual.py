@@ -144,8 +144,10 @@ class HFDualEncoder(Backbone):
         import torch
         with torch.inference_mode():
             want_layer = "patch_states" in extras and layer != -1
-            out = self.net.vision_model(pixel_values=pixel_values.to(self.device, non_blocking=True), return_dict=True,
-                                        output_hidden_states=want_layer)
+            pv = pixel_values.to(self.device, non_blocking=True)
+            if self.channels_last:
+                pv = pv.contiguous(memory_format=torch.channels_last)
+            out = self.net.vision_model(pixel_values=pv, return_dict=True, output_hidden_states=want_layer)
             pooled = out.pooler_output
             vec = self.vproj(pooled) if self.vproj is not None else pooled
             res = {"vectors": _np(_l2(vec))}
@@ -169,6 +171,9 @@ class HFDualEncoder(Backbone):
             if "token_states" in extras:
                 res.update(token_extras(batch, out.last_hidden_state, self.tokenizer.pad_token_id))
         return res
+
+    def image_tower(self):
+        return self.net.vision_model
 
     def word_embeddings(self):
         return self.net.text_model.get_input_embeddings().weight.detach().float().cpu().clone()

@@ -127,16 +127,20 @@ def _prepare_synthetic(method, data, vocab_size: int) -> None:
 
 def measure(name: str, shape: dict, state: str, steps: int, warmup: int, active: int, live: int,
             head_dir: str | None = None, images: str | None = None, captions: str | None = None,
-            run_steps: int = 60) -> dict:
-    """Time one shape in one state; returns a row of the JSON (see the module doc)."""
+            run_steps: int = 60, amp: str = "none") -> dict:
+    """Time one shape in one state; returns a row of the JSON (see the module doc). amp bf16: the
+    forward passes under bf16 autocast, as `train-head --amp bf16` (where the CPU has it natively)."""
     import numpy as np
     import torch
+
+    from ..runtime import autocast
 
     from ..methods.d2s.config import D2SConfig
     from ..methods.d2s.method import D2S
     from ..trainer import make_optimizer
     from .search import peak_rss_mb
 
+    precision = "fp32" if amp == "none" else amp
     simulated = state == "sparse-simulated"
     cfg = D2SConfig(batch_size=shape["batch"])
     method = D2S(cfg)
@@ -173,7 +177,8 @@ def measure(name: str, shape: dict, state: str, steps: int, warmup: int, active:
 
     def step():
         b = it["b"] % len(batches)
-        loss, _ = method.loss(head, batches[b], it["step"], gen, "cpu")
+        with autocast("cpu", precision):
+            loss, _ = method.loss(head, batches[b], it["step"], gen, "cpu")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -206,10 +211,12 @@ def measure(name: str, shape: dict, state: str, steps: int, warmup: int, active:
     def bare():
         x.grad = None
         w.grad = None
-        (x @ w.T).backward(gy)
+        with autocast("cpu", precision):
+            y = x @ w.T
+        y.backward(gy.to(y.dtype))
 
     bare_s = _median_time(bare, steps, warmup)
-    return {"shape": name, "state": state, "simulated": simulated, "d": shape["d"], "omega": shape["omega"],
+    return {"shape": name, "state": state, "amp": amp, "simulated": simulated, "d": shape["d"], "omega": shape["omega"],
             "vocab": v, "batch": B, "rows": rows, "active_terms_per_row": round(active_per_row, 1),
             "live_columns": live_cols, "threads": torch.get_num_threads(), "step_s": round(step_s, 6),
             "statistic": f"median of {n_timed} steps after {warmup} untimed",
@@ -219,7 +226,7 @@ def measure(name: str, shape: dict, state: str, steps: int, warmup: int, active:
 
 
 def markdown(rows: list[dict]) -> str:
-    cols = ("shape", "state", "simulated", "vocab", "batch", "step_s", "pairs_per_s", "bare_projection_s",
+    cols = ("shape", "state", "amp", "simulated", "vocab", "batch", "step_s", "pairs_per_s", "bare_projection_s",
             "step_over_bare", "active_terms_per_row", "live_columns", "peak_rss_mb", "statistic")
     out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     out += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
@@ -241,24 +248,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trained-head", help="v30522 shape: a D2S head trained with --vocab-min-df 0")
     ap.add_argument("--images", help="demo/v30522: training image dense HDF5")
     ap.add_argument("--captions", help="demo/v30522: training caption dense HDF5")
-    ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: shape:state, run in this process
+    ap.add_argument("--amp", default="none", help="comma list of none, bf16: each row once per setting; bf16 rows "
+                    "run under bf16 autocast where the CPU has a bf16 unit (AMX, AVX512-BF16) and are skipped, "
+                    "saying so, elsewhere (default none)")
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: shape:state:amp, run in this process
     a = ap.parse_args(argv)
     if a.one:
-        name, state = a.one.split(":")
+        name, state, amp = a.one.split(":")
         shape = dict(SHAPES.get(name, {}), batch=a.batch)
         hd = a.trained_head if name == "v30522" else a.head
         print(json.dumps(measure(name, shape, state, a.steps, a.warmup, a.active, a.live, hd, a.images, a.captions,
-                                 a.run_steps)))
+                                 a.run_steps, amp)))
         return 0
+    from ..runtime import cpu_bf16
+    amps = [x for x in a.amp.split(",") if x != "bf16" or cpu_bf16()]
+    if len(amps) < len(a.amp.split(",")):
+        print("skipping the bf16 rows: this CPU has no bf16 matrix unit (AMX or AVX512-BF16)", file=sys.stderr)
     rows = []
-    for name in a.shapes.split(","):
+    for name, amp in ((n, x) for x in amps for n in a.shapes.split(",")):
         need = a.trained_head if name == "v30522" else a.head
         if name in ("demo", "v30522") and not (need and a.images and a.captions):
             print(f"skipping {name}: needs {'--trained-head' if name == 'v30522' else '--head'}, --images and "
                   "--captions", file=sys.stderr)
             continue
         for state in STATES[name]:
-            cmd = [sys.executable, "-m", "mmsparse.bench.train", "--one", f"{name}:{state}", "--batch", str(a.batch),
+            cmd = [sys.executable, "-m", "mmsparse.bench.train", "--one", f"{name}:{state}:{amp}", "--batch", str(a.batch),
                    "--steps", str(a.steps), "--warmup", str(a.warmup), "--active", str(a.active), "--live",
                    str(a.live), "--run-steps", str(a.run_steps)]
             if name in ("demo", "v30522"):
@@ -267,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             row = json.loads(out.strip().splitlines()[-1])
             rows.append(row)
-            print(f"{name:6s} {state:16s} d={row['d']} ω={row['omega']} |V|={row['vocab']} B={row['batch']}: "
+            print(f"{name:6s} {state:16s} {amp:4s} d={row['d']} ω={row['omega']} |V|={row['vocab']} B={row['batch']}: "
                   f"step {row['step_s']:.3f}s ({row['pairs_per_s']:.0f} pairs/s), bare {row['bare_projection_s']:.3f}s, "
                   f"ratio {row['step_over_bare']:.2f}, active {row['active_terms_per_row']:.0f}/row, "
                   f"{row['live_columns']} live columns, peak RSS {row['peak_rss_mb']:.0f} MiB "

@@ -51,9 +51,12 @@ def _build():
                                                    "words, VDR^α). Images always become documents.")),
         ("batch_size", Optional[int], typer.Option(None, "--batch-size", min=1, help="Rows per forward pass, memory "
                                                    "O(batch) [default: d2s/joint 1024, vdr 256, bm25v 128 images].")),
-        ("threads", int, typer.Option(2, "--threads", min=1, help="torch CPU threads.")),
+        ("threads", Optional[int], typer.Option(None, "--threads", min=1, help="torch CPU threads (default: every CPU "
+                                               "core this process may use).")),
         ("force", bool, typer.Option(False, "--force", help="Apply the head even when the dense file's backbone or "
                                      "model differs from the one its training vectors came from (a warning instead).")),
+        ("allow_dense", bool, typer.Option(False, "--allow-dense", help="No warning when the rows hold over 10% of "
+                                           "the vocabulary on average (a head not sparse yet).")),
         ("ray", Optional[str], typer.Option(None, "--ray", help="Run as a Ray Data pipeline (needs the "
                                             "'scale' extra; docs/ray.md): local, auto (this machine's cluster) or "
                                             "ray://HOST:10001. OUT becomes a sharded directory (part files + "
@@ -81,7 +84,8 @@ def _build():
         sparsify(args["head_dir"], args["dense"], out=args["out"], query_mode=args["query_mode"],
                  batch_size=args["batch_size"], threads=args["threads"], force=args["force"],
                  ray=args["ray"], workers=args["workers"], num_gpus_per_worker=args["num_gpus_per_worker"],
-                 cpus_per_worker=args["cpus_per_worker"], part_rows=args["part_rows"], progress=RichReporter(), **{k: v for k, v in kw.items() if v is not None})
+                 cpus_per_worker=args["cpus_per_worker"], part_rows=args["part_rows"], allow_dense=args["allow_dense"],
+                 progress=RichReporter(), **{k: v for k, v in kw.items() if v is not None})
 
     main.__signature__ = inspect.Signature(params)
     return main

@@ -124,7 +124,8 @@ def _build():
         ("set_values", Optional[List[str]], typer.Option(None, "--set", help="KEY=VALUE option, repeatable "
                                                          "(e.g. --set eta=1e-3); overrides --config.")),
         ("device", str, typer.Option("cpu", "--device", help="cpu, cuda or cuda:N.")),
-        ("threads", int, typer.Option(2, "--threads", min=1, help="torch CPU threads.")),
+        ("threads", Optional[int], typer.Option(None, "--threads", min=1, help="torch CPU threads (default: every CPU "
+                                               "core this process may use).")),
         ("restart", bool, typer.Option(False, "--restart", help="Ignore an existing OUT.ckpt checkpoint (default: "
                                        "resume from it when its settings and inputs match).")),
         ("keep_checkpoint", bool, typer.Option(False, "--keep-checkpoint", help="Keep OUT.ckpt/ after success.")),

@@ -67,13 +67,20 @@ def _read_run_pandas(p: Path) -> Run | None:
     import numpy as np
     import pandas as pd
 
-    try:
-        df = pd.read_csv(p, sep=r"\s+", header=None, names=range(6), dtype={0: str, 1: str, 2: str, 5: str},
-                         engine="c", encoding="utf-8", on_bad_lines="error", skip_blank_lines=True,
-                         quoting=3, comment=None)  # csv.QUOTE_NONE: a '"' in an id is a character, not a quote
-    except (ValueError, pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError):
-        return None
-    if len(df) == 0 or df.isna().any().any() or not pd.api.types.is_integer_dtype(df[3]) \
+    ids = {0: object, 1: object, 2: object, 5: object}   # Python strings: pandas' arrow strings convert 30x slower
+    df = None
+    for sep in (" ", r"\s+"):   # one space as write_run writes (3x faster to split), then any whitespace
+        try:
+            df = pd.read_csv(p, sep=sep, header=None, names=range(6), dtype=ids, engine="c", encoding="utf-8",
+                             keep_default_na=False,   # ids "NaN", "None" are ids; only missing fields are NaN
+                             on_bad_lines="error", skip_blank_lines=True,
+                             quoting=3, comment=None)  # csv.QUOTE_NONE: a '"' in an id is a character, not a quote
+        except (ValueError, pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError):
+            df = None
+            continue
+        if len(df) and not df[5].isna().any():   # fields fill from the left: a short line leaves the tag empty
+            break
+    if df is None or len(df) == 0 or df[5].isna().any() or not pd.api.types.is_integer_dtype(df[3]) \
             or not pd.api.types.is_numeric_dtype(df[4]) or not np.isfinite(df[4].to_numpy(dtype=np.float64)).all():
         return None
     run: Run = {}

@@ -11,24 +11,12 @@ units, bounds, choices, the paper's setting) the command line turns into `--flag
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar, Iterator
 
 from ..errors import InputError
-
-
-def option(default: Any, help: str, *, flag: str | None = None, aliases: tuple = (), min: float | None = None,
-           max: float | None = None, choices: tuple | None = None, paper: str | None = None):
-    """A config field with what the command line needs: `help` (units, meaning), `flag` (default
-    --name-with-dashes; "--on/--off" for booleans), other spellings `aliases`, numeric
-    `min`/`max`, `choices`, and `paper`: the paper's setting this default is (shown in --help)."""
-    meta = {"help": help, "flag": flag, "aliases": tuple(aliases), "min": min, "max": max, "choices": choices,
-            "paper": paper}
-    if isinstance(default, (list, dict)):
-        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
-    return dataclasses.field(default=default, metadata=meta)
+from ..options import check_options, option  # noqa: F401 (re-exported: every method's config.py uses option)
 
 
 @dataclass
@@ -48,8 +36,9 @@ class TrainConfig:
     lr_warmup: float = option(0.0, "Linear learning-rate warm-up: optimizer steps (>= 1) or a fraction of all "
                               "steps (< 1).", min=0.0)
     seed: int = option(0, "Seed of initialisation, shuffling and random masks (runs are deterministic).")
-    amp: str = option("none", "Mixed precision on CUDA: none or bf16 (autocast of the forward pass).",
-                      choices=("none", "bf16"))
+    amp: str = option("none", "Mixed precision: none, bf16 (autocast of the forward pass, the matrix products in "
+                      "bf16; on CUDA, or on a CPU with AMX or AVX512-BF16, refused elsewhere), or auto (bf16 where "
+                      "it is native, else none; the run says which).", choices=("none", "bf16", "auto"))
     select_metric: str = option("R@1", "Validation metric that picks the saved epoch.",
                                 choices=("R@1", "R@5", "R@10", "MRR@10"))
     max_val_flops: float | None = option(None, "Only epochs whose validation FLOPs (eq. 1) are <= this may be "
@@ -57,15 +46,7 @@ class TrainConfig:
 
     def validate(self) -> None:
         """InputError naming the first option outside its bounds or choices."""
-        for f in fields(self):
-            m, v = f.metadata, getattr(self, f.name)
-            if v is None or not m:
-                continue
-            flag = m.get("flag") or "--" + f.name.replace("_", "-")
-            if m.get("choices") and v not in m["choices"]:
-                raise InputError(f"{flag.split('/')[0]} {v!r}: choose one of {', '.join(map(str, m['choices']))}")
-            if m.get("min") is not None and v < m["min"] or m.get("max") is not None and v > m["max"]:
-                raise InputError(f"{flag} {v!r}: must be in [{m.get('min')}, {m.get('max')}]")
+        check_options(self)
 
 
 @dataclass

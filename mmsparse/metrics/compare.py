@@ -45,7 +45,13 @@ def bonferroni(p: float, n_tests: int) -> float:
 
 
 def top_k(docs: Mapping[str, float], k: int) -> list[str]:
-    """Doc ids of the k best scores, ties broken by doc id (the order write_run uses)."""
+    """Doc ids of the k best scores, ties broken by doc id (the order write_run uses). Only the
+    entries scoring at least the k-th best score are sorted (a run of 1,000 results: ~10)."""
+    if len(docs) > 4 * k > 0:
+        s = np.fromiter(docs.values(), dtype=np.float64, count=len(docs))
+        keep = np.flatnonzero(s >= np.partition(s, len(s) - k)[len(s) - k])
+        ids = list(docs)
+        docs = {ids[i]: s[i] for i in keep.tolist()}
     return [d for d, _ in sorted(docs.items(), key=lambda x: (-x[1], x[0]))[:k]]
 
 

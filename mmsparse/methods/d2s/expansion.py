@@ -74,10 +74,12 @@ class ExpansionControl:
         """Bernoulli keep-mask for a batch of caption vectors.
 
         caption_terms: [B, |V|] float32 0/1, 1 where term v occurs in caption b; or [B, K] when
-        `cols` [K] int64 says which vocabulary columns they are (the trainer's live columns). The
+        `cols` [K] int64 says which vocabulary columns they are (the trainer's live columns), or
+        [B, K] with `cols` [B, K]: each entry's own column (the gated trainer's top columns). The
         draws are the same either way (E_v is drawn for all |V| terms, then indexed), so a masked
         subset of columns equals the same columns of the full mask.
-        Returns [B, |V|] (or [B, K]) float32 0/1 to multiply s_C by, or None (mode full: keep everything).
+        Returns a tensor shaped like caption_terms, float32 0/1 to multiply s_C by, or None (mode
+        full: keep everything).
         """
         import torch
 
@@ -91,9 +93,9 @@ class ExpansionControl:
         if self.mode == "caption":
             # keep = T + (1 - T) * E_C
             return t + (1.0 - t) * e_c
-        e_v = (torch.rand(1, len(self.p_v), generator=generator) < self.p_v).to(t.device, t.dtype)  # [1, |V|]
+        e_v = (torch.rand(1, len(self.p_v), generator=generator) < self.p_v).to(t.device, t.dtype)[0]  # [|V|]
         if cols is not None:
-            e_v = e_v[:, cols.to(t.device)]
+            e_v = e_v[cols.to(t.device)]
         expand = e_c * e_v                                                            # [B, |V|]
         own = e_v if self.mask_caption_terms else torch.ones_like(e_v)
         # keep = T * own + (1 - T) * E_C * E_v, without a Python loop over |V|

@@ -27,12 +27,16 @@ class _LogReluLinear(torch.autograd.Function):
     zero for every term that is inactive (ReLU) or expansion-masked in the whole batch. Once the
     head is sparse only a few thousand of |V| columns are live, so restricting the two backward
     B×ω×|V| matmuls to them is exact and several times faster; dense batches take the plain path.
+    Mixed precision: under autocast the matmuls run in its dtype (bf16) and s is float32; the
+    backward runs its matmuls in that dtype too and returns each gradient in its input's dtype.
     """
 
     @staticmethod
     def forward(ctx, x, weight, bias):
-        s = torch.addmm(bias, x, weight.t()).clamp_(min=0).log1p_()
+        pre = torch.addmm(bias, x, weight.t())
+        s = pre.float().clamp_(min=0).log1p_()
         ctx.save_for_backward(x, weight, s)
+        ctx.mm_dtype, ctx.bias_dtype = pre.dtype, bias.dtype
         return s
 
     @staticmethod
@@ -41,13 +45,24 @@ class _LogReluLinear(torch.autograd.Function):
         gp = g * torch.exp(-s) * (s > 0)
         gb = gp.sum(0)
         cols = torch.nonzero(gb.ne(0) | gp.ne(0).any(0)).squeeze(1)
-        if cols.numel() > 0.5 * weight.shape[0]:
-            return gp @ weight, gp.t() @ x, gb
-        sub = gp.index_select(1, cols)
-        gx = sub @ weight.index_select(0, cols)
-        gw = torch.zeros_like(weight)
-        gw.index_copy_(0, cols, sub.t() @ x)
-        return gx, gw, gb
+        gx, gw = _backward_matmuls(gp, x, weight, ctx.mm_dtype, None if cols.numel() > 0.5 * weight.shape[0] else cols)
+        return gx, gw, gb.to(ctx.bias_dtype)
+
+
+def _backward_matmuls(gp, x, weight, mm_dtype, cols=None):
+    """(dL/dx, dL/dW) of pre = x Wᵀ + b from gp = dL/dpre [B, |V|] (or [B, |cols|] of columns
+    `cols`; dW is zero elsewhere): both products in `mm_dtype` (the forward matmul's, bf16 under
+    autocast), each result in its input's dtype."""
+    m = gp.to(mm_dtype)
+    xm = x.to(mm_dtype)
+    if cols is None:
+        return (m @ weight.to(mm_dtype)).to(x.dtype), (m.t() @ xm).to(weight.dtype)
+    if m.shape[1] != cols.numel():
+        m = m.index_select(1, cols)
+    gx = (m @ weight.index_select(0, cols).to(mm_dtype)).to(x.dtype)
+    gw = torch.zeros_like(weight)
+    gw.index_copy_(0, cols, (m.t() @ xm).to(weight.dtype))
+    return gx, gw
 
 
 class _LiveLogReluLinear(torch.autograd.Function):
@@ -56,14 +71,16 @@ class _LiveLogReluLinear(torch.autograd.Function):
     (ReLU), so a loss computed on s_live alone is exact while its elementwise work, its score
     matrices and the two backward matmuls shrink from |V| to |cols| columns (a trained head keeps a
     few hundred to a few thousand live columns of 30k). Only the forward x Wᵀ stays full size.
+    Mixed precision as _LogReluLinear: matmuls in autocast's dtype, s_live float32.
     """
 
     @staticmethod
     def forward(ctx, x, weight, bias):
         pre = torch.addmm(bias, x, weight.t())
         cols = torch.nonzero(pre.amax(0) > 0).squeeze(1)
-        s = pre.index_select(1, cols).clamp_(min=0).log1p_() if cols.numel() < pre.shape[1] \
-            else pre.clamp_(min=0).log1p_()
+        s = pre.index_select(1, cols) if cols.numel() < pre.shape[1] else pre
+        s = s.float().clamp_(min=0).log1p_()
+        ctx.mm_dtype, ctx.bias_dtype = pre.dtype, bias.dtype
         del pre
         ctx.save_for_backward(x, weight, s, cols)
         ctx.mark_non_differentiable(cols)
@@ -73,14 +90,72 @@ class _LiveLogReluLinear(torch.autograd.Function):
     def backward(ctx, g, _gcols):
         x, weight, s, cols = ctx.saved_tensors
         gp = s.neg().exp_().mul_(s > 0).mul_(g)        # d log(1+u)/du = e^{-s}, 0 where ReLU cut
-        if cols.numel() == weight.shape[0]:
-            return gp @ weight, gp.t() @ x, gp.sum(0)
-        gw = torch.zeros_like(weight)
-        gb = torch.zeros(weight.shape[0], dtype=g.dtype, device=g.device)
-        gx = gp @ weight.index_select(0, cols)
-        gw.index_copy_(0, cols, gp.t() @ x)
-        gb.index_copy_(0, cols, gp.sum(0))
+        full = cols.numel() == weight.shape[0]
+        gx, gw = _backward_matmuls(gp, x, weight, ctx.mm_dtype, None if full else cols)
+        if full:
+            return gx, gw, gp.sum(0).to(ctx.bias_dtype)
+        gb = torch.zeros(weight.shape[0], dtype=ctx.bias_dtype, device=g.device)
+        gb.index_copy_(0, cols, gp.sum(0).to(ctx.bias_dtype))
         return gx, gw, gb
+
+
+class _GatedLogReluLinear(torch.autograd.Function):
+    """The training forward of a head with top-k gates on both sides, computed only where the loss
+    can see it: of s = log(1 + ReLU(x Wᵀ + b)) [B + U, |V|] (B caption rows, then U image rows) it
+    returns s at each caption's k_t largest columns followed by its own term columns (own [B, T],
+    pad = |V|, gated or not), and at each image's k_i largest columns, with those columns, and
+    `live` [|V|] (columns positive in at least one row: forward_live's cols).
+
+    Every other entry of s is gated to 0 or absent from the loss, so its gradient is 0: the
+    backward is a sparse [B + U, |V|] matrix of (B·(k_t + T) + U·k_i) entries times W and xᵀ, about
+    1 % of the two dense products (docs/speed.md). Only the forward x Wᵀ and the row-wise top-k stay
+    full size. Exact: the loss and gradients equal forward_live's followed by top_k_rows
+    (tests/test_d2s.py). Mixed precision as _LogReluLinear (the forward product in autocast's
+    dtype; the gathered values and the sparse backward in float32).
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, n_cap, k_t, k_i, own):
+        pre = torch.addmm(bias, x, weight.t())
+        v = pre.shape[1]
+        live = pre.amax(0) > 0
+        cap_top = pre[:n_cap].topk(min(k_t, v), dim=1, sorted=False).indices
+        img_top = pre[n_cap:].topk(min(k_i, v), dim=1, sorted=False).indices
+        cap_cols = torch.cat([cap_top, own.clamp(max=v - 1)], 1)
+        s_cap = pre[:n_cap].gather(1, cap_cols).float().clamp_(min=0).log1p_()
+        s_cap[:, cap_top.shape[1]:].mul_(own < v)          # pads hold 0 (and so get no gradient)
+        s_img = pre[n_cap:].gather(1, img_top).float().clamp_(min=0).log1p_()
+        del pre
+        ctx.save_for_backward(x, weight, s_cap, s_img, cap_cols, img_top)
+        ctx.bias_dtype = bias.dtype
+        ctx.mark_non_differentiable(cap_top, img_top, live)
+        return s_cap, s_img, cap_top, img_top, live
+
+    @staticmethod
+    def backward(ctx, g_cap, g_img, *_):
+        x, weight, s_cap, s_img, cap_cols, img_top = ctx.saved_tensors
+        r, v = x.shape[0], weight.shape[0]
+        n_cap, w_cap, w_img = s_cap.shape[0], s_cap.shape[1], s_img.shape[1]
+        # d log(1+u)/du = e^{-s}, 0 where ReLU cut (and at pads, whose s is 0)
+        gp = torch.cat([(s_cap.neg().exp() * (s_cap > 0) * g_cap).flatten(),
+                        (s_img.neg().exp() * (s_img > 0) * g_img).flatten()]).float()
+        cols = torch.cat([cap_cols.flatten(), img_top.flatten()])
+        dev = x.device
+        # rows as built: B caption rows of w_cap entries, then U image rows of w_img (a column listed
+        # twice in a row, an own term among the top ones, is summed by the products)
+        crow = torch.cat([torch.arange(0, n_cap * w_cap, w_cap, device=dev),
+                          torch.arange(n_cap * w_cap, gp.numel() + 1, w_img, device=dev)])
+        g = torch.sparse_csr_tensor(crow, cols, gp, (r, v), check_invariants=False)
+        rows = torch.repeat_interleave(torch.arange(r, device=dev), torch.diff(crow))
+        order = torch.argsort(cols, stable=True)
+        crow_t = torch.zeros(v + 1, dtype=torch.int64, device=dev)
+        crow_t[1:] = torch.cumsum(torch.bincount(cols, minlength=v), 0)
+        gt = torch.sparse_csr_tensor(crow_t, rows[order], gp[order], (v, r), check_invariants=False)
+        with torch.autocast(dev.type, enabled=False):
+            gx = (g @ weight.float()).to(x.dtype)
+            gw = (gt @ x.float()).to(weight.dtype)
+        gb = torch.zeros(v, dtype=torch.float32, device=dev).index_add_(0, cols, gp).to(ctx.bias_dtype)
+        return gx, gw, gb, None, None, None, None
 
 
 def top_k_rows(s: torch.Tensor, k: int | None) -> torch.Tensor:
@@ -169,6 +244,31 @@ class D2SHead(SparseHead):
         return s
 
     @torch.no_grad()
+    def encode_csr(self, z: torch.Tensor, side: str = "image", gate: bool = True):
+        """forward(z, side=side, gate=gate) as a scipy CSR [B, |V|] (float32, int32 sorted columns,
+        zeros left out). A gated side never builds the dense output: its k largest pre-activations
+        (top-k is order-preserving through log(1 + ReLU)), their weights, the posting floor, then
+        the positive ones; other heads go through mmsparse.methods.head.to_csr."""
+        import numpy as np
+        import scipy.sparse as sp
+
+        from ..head import to_csr
+        k, v = self.top_k(side) if gate else 0, int(self.config["vocab_size"])
+        if z.dim() != 2 or not k or k >= v:
+            return to_csr(self.forward(z, side=side, gate=gate))
+        pre = torch.addmm(self.w2.bias, self.norm(self.w1(self.centered(z, side))), self.w2.weight.t())
+        cols = pre.topk(k, dim=1).indices.sort(1).values
+        s = pre.gather(1, cols).clamp_(min=0).log1p_()
+        if side == "image" and hasattr(self, "doc_floor"):
+            s = s * (s > self.doc_floor[cols])
+        keep = (s > 0).cpu()
+        count = keep.sum(1).numpy()
+        indptr = np.zeros(len(count) + 1, dtype=np.int32)
+        np.cumsum(count, out=indptr[1:])
+        return sp.csr_matrix((s.cpu()[keep].numpy(), cols.cpu()[keep].numpy().astype(np.int32), indptr),
+                             shape=(z.shape[0], v))
+
+    @torch.no_grad()
     def prune_postings(self, z_images, max_share: float, batch: int = 1024) -> int:
         """Set the image-side floor from image vectors z_images [N, d] (float32 tensor or array; the
         training images): any earlier floor is cleared, the images go through the head, and a term
@@ -196,6 +296,16 @@ class D2SHead(SparseHead):
             floor[j] = np.partition(col, col.size - 1 - m)[col.size - 1 - m]   # (m+1)-th largest
         self.doc_floor.copy_(torch.from_numpy(floor))
         return int((floor > 0).sum())
+
+    def forward_gated(self, z: torch.Tensor, n_cap: int, own: torch.Tensor):
+        """Training forward of already centred vectors z [B + U, d] (B = n_cap caption rows, then U
+        image rows) through both top-k gates (`top_k`, each > 0): (s_cap [B, k_t + T] float32: s at
+        each caption's k_t top columns, then at its own term columns own [B, T] (pad |V|, 0 there);
+        s_img [U, k_i]: s at each image's top columns; cap_top [B, k_t], img_top [U, k_i] int64
+        columns; live [|V|] bool, the columns positive in some row). Same loss and gradients as
+        forward_live + top_k_rows, with a sparse backward (_GatedLogReluLinear)."""
+        return _GatedLogReluLinear.apply(self.norm(self.w1(z)), self.w2.weight, self.w2.bias, int(n_cap),
+                                         self.top_k("text"), self.top_k("image"), own)
 
     def forward_live(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Training forward of already centred vectors (see `centered`): (s_live [B, L] float32,

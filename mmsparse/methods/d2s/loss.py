@@ -16,6 +16,7 @@ they also cost a wasted B×ω×|V| projection each.
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,14 @@ def soft_ce(teacher_logits: torch.Tensor, student_logits: torch.Tensor) -> torch
     """Mean over rows of -Σ_j softmax(teacher)_j log softmax(student)_j. Both [R, K]."""
     p = F.softmax(teacher_logits, dim=1)
     return -(p * F.log_softmax(student_logits, dim=1)).sum(1).mean()
+
+
+def teacher_logits(z_cap: torch.Tensor, z_img: torch.Tensor, tau: float) -> torch.Tensor:
+    """[B, U] dense teacher logits z_Cᵀ z_I / τ (eq. 7), no gradient, in float32 whatever autocast
+    says: at τ = 1e-3 a bf16 product's rounding (~0.4 % of each similarity) would move the logits
+    by whole units and the teacher's softmax with them."""
+    with torch.no_grad(), torch.autocast(z_cap.device.type, enabled=False):
+        return (z_cap.float() @ z_img.float().T) / tau
 
 
 def sparse_scores(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -57,8 +66,7 @@ def d2s_loss(s_cap: torch.Tensor, s_img: torch.Tensor, z_cap: torch.Tensor, z_im
     vectors as Algorithm 1; --l1-caption raw passes the unmasked s_C); kind: l1 | flops (`sparsity`).
     Returns (loss, {"ci", "ic", "l1_img", "l1_cap"} floats: the sparsity terms, whichever kind).
     """
-    with torch.no_grad():
-        t = (z_cap @ z_img.T) / tau                      # [B, U] teacher logits
+    t = teacher_logits(z_cap, z_img, tau)               # [B, U]
     s = sparse_scores(s_cap, s_img)                      # [B, U] student logits
     ci = soft_ce(t, s)
     ic = soft_ce(t.T, s.T)
@@ -107,3 +115,106 @@ def doc_words_loss(s_img: torch.Tensor, vocab_size: int, target: torch.Tensor,
     else:
         s_all = s
     return -(p * (s - torch.logsumexp(s_all, dim=1, keepdim=True))).sum(1).mean()
+
+
+# -- the same terms on gathered entries (a head gated on both sides: forward_gated) ---------------
+# A row is given by its weights at listed columns, vals [N, k] at cols [N, k] int64 (columns distinct
+# within a row; the pad column |V| may appear with weight 0); every other entry of the row is 0.
+
+def gathered_scores(a: torch.Tensor, a_cols: torch.Tensor, b: "ScoreSide") -> torch.Tensor:
+    """[Na, Nb] dot products of the rows of a and b as |V|-vectors (sparse_scores of the dense rows).
+    b is a ScoreSide: written densely into the n columns it lists, reusable against several a; a,
+    whose rows list fewer columns, stays sparse (CSR over those n columns, its other columns adding
+    0): the product, and in the backward its sampled transpose product and Aᵀ·G, cost O(nnz(a)·Nb),
+    not O(Na·Nb·n)."""
+    with torch.no_grad():
+        n = b.dense_t.shape[0]
+        p = b.pos[a_cols].flatten()
+        keep = torch.nonzero(p >= 0).squeeze(1)
+        rows = torch.div(keep, a_cols.shape[1], rounding_mode="floor")
+        order = torch.argsort(rows * max(n, 1) + p[keep])
+        rows, col, take = rows[order], p[keep][order], keep[order]
+        crow = torch.zeros(a.shape[0] + 1, dtype=torch.int64, device=a.device)
+        crow[1:] = torch.cumsum(torch.bincount(rows, minlength=a.shape[0]), 0)
+    return _CsrScores.apply(a.flatten()[take], crow, col, b.dense_t)
+
+
+class ScoreSide:
+    """The b side of gathered_scores: b [Nb, k] at b_cols [Nb, k] (each row's own columns) or at
+    b_cols [k] (distinct columns shared by every row, e.g. the live ones) written into the n columns
+    listed, dense_t [n, Nb] (differentiable in b), and pos [|V| + 1] (each column's row there, -1 if
+    none)."""
+
+    def __init__(self, b: torch.Tensor, b_cols: torch.Tensor, vocab_size: int):
+        self.pos = torch.full((vocab_size + 1,), -1, dtype=torch.int64, device=b.device)
+        if b_cols.dim() == 1:
+            self.pos[b_cols] = torch.arange(b_cols.numel(), device=b.device)
+            self.dense_t = b.T.contiguous()
+            return
+        with torch.no_grad():
+            seen = torch.zeros(vocab_size + 1, dtype=torch.bool, device=b.device)
+            seen[b_cols.flatten()] = True
+            seen[vocab_size] = False
+            n = int(seen.sum())
+            self.pos = torch.where(seen, torch.cumsum(seen, 0) - 1, -1)
+        idx = self.pos[b_cols].clamp(min=0).T
+        self.dense_t = torch.zeros(n, b.shape[0], dtype=b.dtype, device=b.device).scatter_add(0, idx, b.T)
+
+
+# torch marks its CSR tensors "beta"; the kernels used here (CSR @ dense, sampled_addmm) are stable since 2.0
+warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
+
+
+class _CsrScores(torch.autograd.Function):
+    """S = A B with A [Na, n] a CSR matrix (values a_vals in CSR order, crow, col: column-sorted
+    rows) and B [n, Nb] dense; gradients dA (at A's entries only, a sampled product) and dB = Aᵀ G.
+    float32 whatever autocast says (the sparse kernels take float32; the operands are small)."""
+
+    @staticmethod
+    def forward(ctx, a_vals, crow, col, b):
+        with torch.autocast(b.device.type, enabled=False):
+            a = torch.sparse_csr_tensor(crow, col, a_vals.float(), (crow.numel() - 1, b.shape[0]),
+                                        check_invariants=False)
+            out = a @ b.float()
+        ctx.save_for_backward(a_vals, crow, col, b)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        a_vals, crow, col, b = ctx.saved_tensors
+        with torch.autocast(b.device.type, enabled=False):
+            a = torch.sparse_csr_tensor(crow, col, a_vals.float(), (crow.numel() - 1, b.shape[0]),
+                                        check_invariants=False)
+            g = g.float().contiguous()
+            ga = torch.sparse.sampled_addmm(a, g, b.float().T, beta=0.0).values() if a_vals.numel() else a_vals
+            gb = a.t() @ g
+        return ga.to(a_vals.dtype), None, None, gb.to(b.dtype)
+
+
+def gathered_sparsity(vals: torch.Tensor, cols: torch.Tensor, vocab_size: int, kind: str = "l1") -> torch.Tensor:
+    """`sparsity` of the dense rows: l1 = mean ‖s‖₁; flops = Σ_t (mean_b s_bt)², the column sums
+    added up from the listed entries."""
+    if kind == "flops":
+        col = torch.zeros(vocab_size + 1, dtype=vals.dtype, device=vals.device).index_add(0, cols.flatten(),
+                                                                                        vals.flatten())
+        return (col[:vocab_size] / vals.shape[0]).pow(2).sum()
+    return vals.sum(1).mean()
+
+
+def gathered_doc_words_loss(s_img: torch.Tensor, img_cols: torch.Tensor, vocab_size: int, words: torch.Tensor,
+                            word_weight: torch.Tensor, live: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """doc_words_loss of the dense rows: s_img [U, k] at img_cols [U, k] (every other weight 0);
+    words [U, W] each image's words (pad |V|), word_weight [|V| + 1] (0 at the pad); live [|V|]: the
+    batch's live columns, the only words the dense loss's target holds. Over all |V| columns, the
+    k listed ones and |V| - k zeros: log Σ_t e^{s_t/τ} = logsumexp(s/τ, log(|V| - k))."""
+    tw = word_weight[words] * torch.cat([live, live.new_zeros(1)])[words].to(word_weight.dtype)   # [U, W]
+    mass = tw.sum(1)
+    keep = mass > 0
+    if not bool(keep.any()):
+        return s_img.sum() * 0.0
+    s, tw, mass = s_img[keep] / temperature, tw[keep], mass[keep]
+    p = ((img_cols[keep].unsqueeze(2) == words[keep].unsqueeze(1)) * tw.unsqueeze(1)).sum(2) / mass[:, None]
+    rest = vocab_size - s.shape[1]
+    s_all = torch.cat([s, torch.full((s.shape[0], 1), math.log(rest), dtype=s.dtype, device=s.device)], 1) \
+        if rest > 0 else s
+    return (torch.logsumexp(s_all, dim=1) - (p * s).sum(1)).mean()

@@ -24,13 +24,14 @@ from ...metrics.exhaustive import sparse_retrieval_metrics
 from ...vocab import (caption_token_ids, document_frequency, indicator, indicator_cols, load_vocab, pad_ids,
                       restrict_to_frequent, to_columns)
 from ..base import Method, Sparsified
-from ..head import require_tokenizer
+from ..head import require_tokenizer, to_csr
 from ...trainer import warmup_steps
 from ..pairs import PairData, check_inputs, load_pairs, training_record
 from .config import D2SConfig
 from .expansion import ExpansionControl
 from .head import D2SHead, top_k_rows
-from .loss import d2s_loss, doc_words_loss, drop_coordinates, eta_at, soft_ce, sparse_scores
+from .loss import (ScoreSide, d2s_loss, doc_words_loss, drop_coordinates, eta_at, gathered_doc_words_loss,
+                   gathered_scores, gathered_sparsity, soft_ce, sparse_scores, teacher_logits)
 
 
 @torch.no_grad()
@@ -43,10 +44,11 @@ def encode_sparse(head, z: torch.Tensor | np.ndarray, batch: int = 1024, keep: t
     v = int(head.config["vocab_size"])
     parts = []
     for s in range(0, z.shape[0], batch):
-        out = head(z[s:s + batch], side=side, gate=keep is None)
-        if keep is not None:
-            out = out * indicator(keep[s:s + batch], v).to(out.device)
-        parts.append(sp.csr_matrix(out.cpu().numpy()))
+        if keep is None:
+            parts.append(head.encode_csr(z[s:s + batch], side=side))
+        else:
+            parts.append(to_csr(head(z[s:s + batch], side=side, gate=False)
+                                * indicator(keep[s:s + batch], v).to(z.device)))
     return sp.vstack(parts, format="csr") if parts else sp.csr_matrix((0, v), dtype=np.float32)
 
 
@@ -155,16 +157,24 @@ class D2S(Method):
             yield perm[b * self.cfg.batch_size:(b + 1) * self.cfg.batch_size], train
 
     def loss(self, head, batch, step, generator, device):
-        """Eq. 7 on one batch: one head projection of [B + U, d] restricted to the live columns,
-        the expansion mask on the captions, L1 weight η ramped by the warm-up."""
+        """Eq. 7 on one batch: one head projection of [B + U, d], the expansion mask on the
+        captions, L1 weight η ramped by the warm-up; on the entries the top-k gates keep when the
+        head has both (_gated_loss), else restricted to the live columns (_dense_loss)."""
         idx, train = batch
         cfg = self.cfg
-        v = int(head.config["vocab_size"])
         idx = idx.to(train.z_cap.device)
         uimg = torch.unique(train.cap_img[idx])
         zc, zi = train.z_cap[idx], train.z_img[uimg]
         zi_in = drop_coordinates(head.centered(zi, "image"), cfg.image_dropout, generator)   # teacher: zi whole
-        s, cols = head.forward_live(torch.cat([head.centered(zc, "text"), zi_in]))
+        z = torch.cat([head.centered(zc, "text"), zi_in])
+        gated = head.top_k("text") and head.top_k("image")
+        return (self._gated_loss if gated else self._dense_loss)(head, z, idx, uimg, zc, zi, train, step, generator)
+
+    def _dense_loss(self, head, z, idx, uimg, zc, zi, train, step, generator):
+        """`loss` on [B + U, live columns] matrices (forward_live): any head, gated or not."""
+        cfg = self.cfg
+        v = int(head.config["vocab_size"])
+        s, cols = head.forward_live(z)
         s_cap, s_img = top_k_rows(s[: len(idx)], head.top_k("text")), top_k_rows(s[len(idx):], head.top_k("image"))
         own = indicator_cols(train.tok[idx], cols, v)
         m = self.pec.mask(own, generator, cols)
@@ -174,7 +184,7 @@ class D2S(Method):
         loss, parts = d2s_loss(s_cap, s_img, zc, zi, cfg.temperature, cfg.lam, eta_at(step, cfg.eta, self.l1_warm),
                                s_cap_l1=raw if cfg.l1_caption == "raw" else None, kind=cfg.sparsity_loss)
         if cfg.caption_terms_weight > 0:   # the same teacher for caption-term queries (own terms, no gate)
-            t = (zc @ zi.T) / cfg.temperature
+            t = teacher_logits(zc, zi, cfg.temperature)
             sc = sparse_scores(s[: len(idx)] * own, s_img)
             ct = soft_ce(t, sc) + soft_ce(t.T, sc.T)
             loss = loss + (1.0 - cfg.lam) * cfg.caption_terms_weight * ct
@@ -189,6 +199,48 @@ class D2S(Method):
             parts["doc_words"] = float(dw.detach())
         with torch.no_grad():   # batch FLOPs proxy (eq. 1 on the batch)
             parts["flops"] = float(((s_cap > 0).float().mean(0) * (s_img > 0).float().mean(0)).sum())
+        return loss, parts
+
+    def _gated_loss(self, head, z, idx, uimg, zc, zi, train, step, generator):
+        """`loss` of a head gated on both sides, on the entries the gates keep (forward_gated): the
+        same terms and random draws as the dense path, from [B, k] and [U, k] gathered weights
+        instead of [B + U, live columns] matrices (tests/test_d2s.py checks they agree)."""
+        cfg = self.cfg
+        v = int(head.config["vocab_size"])
+        b = len(idx)
+        own = train.tok[idx]
+        own = own[:, :max(1, int((own < v).sum(1).max()))]     # the batch's longest caption
+        s_cap, s_img, cap_top, img_top, live = head.forward_gated(z, b, own)
+        k_t = cap_top.shape[1]
+        raw, own_s = s_cap[:, :k_t], s_cap[:, k_t:]              # gated caption weights; own terms, ungated
+        is_own = (cap_top.unsqueeze(2) == own.unsqueeze(1)).any(2).to(raw.dtype)
+        m = self.pec.mask(is_own, generator, cap_top)
+        s_q = raw if m is None else raw * m
+        t = teacher_logits(zc, zi, cfg.temperature)              # [B, U]
+        side = ScoreSide(s_img, img_top, v)                      # the images, shared by both scores
+        sc = gathered_scores(s_q, cap_top, side)
+        ci, ic = soft_ce(t, sc), soft_ce(t.T, sc.T)
+        l1_img = gathered_sparsity(s_img, img_top, v, cfg.sparsity_loss)
+        l1_cap = gathered_sparsity(raw if cfg.l1_caption == "raw" else s_q, cap_top, v, cfg.sparsity_loss)
+        loss = (1.0 - cfg.lam) * (ci + ic) + cfg.lam * eta_at(step, cfg.eta, self.l1_warm) * (l1_img + l1_cap)
+        parts = {k: float(x.detach()) for k, x in (("ci", ci), ("ic", ic), ("l1_img", l1_img), ("l1_cap", l1_cap))}
+        if cfg.caption_terms_weight > 0:   # the same teacher for caption-term queries (own terms, no gate)
+            so = gathered_scores(own_s, own, side)
+            ct = soft_ce(t, so) + soft_ce(t.T, so.T)
+            loss = loss + (1.0 - cfg.lam) * cfg.caption_terms_weight * ct
+            parts["caption_terms"] = float(ct.detach())
+        if cfg.doc_words_weight > 0:   # rank the image's own caption words first (doc_Exact@k)
+            if self.img_words.device != uimg.device:
+                self.img_words, self.word_weight = self.img_words.to(uimg.device), self.word_weight.to(uimg.device)
+            words = self.img_words[uimg]
+            words = words[:, :max(1, int((words < v).sum(1).max()))]
+            dw = gathered_doc_words_loss(s_img, img_top, v, words, self.word_weight, live, cfg.doc_words_temperature)
+            loss = loss + cfg.doc_words_weight * dw
+            parts["doc_words"] = float(dw.detach())
+        with torch.no_grad():   # batch FLOPs proxy (eq. 1 on the batch)
+            count = lambda x, c: torch.zeros(v + 1, device=x.device).index_add_(  # noqa: E731
+                0, c.flatten(), (x > 0).flatten().float())[:v] / x.shape[0]
+            parts["flops"] = float((count(s_q, cap_top) * count(s_img, img_top)).sum())
         return loss, parts
 
     def query_mode_of_head(self) -> str:
@@ -244,13 +296,15 @@ class D2S(Method):
         ids, parts, texts = [], [], []
         with torch.no_grad(), open_read(dense) as f, progress.task(f"sparsify {mode}", total=n) as bar:
             for chunk_ids, vec in iter_dense(dense, chunk_rows=batch_size):
-                s = head(torch.from_numpy(vec), side="image" if mode == "doc" else "text", gate=mode != "caption-terms")
+                side = "image" if mode == "doc" else "text"
                 t = read_strings(f["texts"][len(ids):len(ids) + len(chunk_ids)]) if texts_ds else None
                 if mode == "caption-terms":
-                    s = s * indicator(pad_ids(to_columns(caption_token_ids(tok, t), tids), v), v)
+                    s = head(torch.from_numpy(vec), side=side, gate=False)
+                    parts.append(to_csr(s * indicator(pad_ids(to_columns(caption_token_ids(tok, t), tids), v), v)))
+                else:
+                    parts.append(head.encode_csr(torch.from_numpy(vec), side=side))
                 ids.extend(chunk_ids)
                 texts.extend(t or [])
-                parts.append(sp.csr_matrix(s.numpy()))
                 bar.advance(len(chunk_ids))
                 kill_point()  # tests: MMSPARSE_TEST_KILL_AFTER interrupts here
         m = sp.vstack(parts, format="csr") if parts else sp.csr_matrix((0, v), dtype=np.float32)

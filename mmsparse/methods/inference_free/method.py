@@ -28,6 +28,7 @@ teacher's): the image side otherwise learns the training captions' words by hear
 
 from __future__ import annotations
 
+import numpy as np
 import scipy.sparse as sp
 import torch
 
@@ -35,8 +36,8 @@ from ...errors import InputError
 from ...formats._h5 import read_strings
 from ...formats.sharded import open_read
 from ...metrics.exhaustive import sparse_retrieval_metrics
-from ...vocab import document_frequency, indicator_cols
-from ..d2s.loss import drop_coordinates, eta_at, soft_ce, sparsity
+from ...vocab import document_frequency
+from ..d2s.loss import ScoreSide, drop_coordinates, eta_at, gathered_scores, soft_ce, sparsity, teacher_logits
 from ..d2s.head import top_k_rows
 from ..d2s.method import D2S, encode_sparse, format_epoch_line
 from ..pairs import PairData
@@ -48,8 +49,14 @@ from .queries import sparsify_texts
 def encode_table_queries(head: InferenceFreeHead, data: PairData) -> sp.csr_matrix:
     """The captions of `data` (data.tok: their head columns) as table queries, CSR [N, |V|] float32."""
     with torch.no_grad():
-        q = head.query_vectors(data.tok.to(head.query_weight.device))
-    return sp.csr_matrix(q.cpu().numpy())
+        w = head.query_weight.detach().clamp(min=0).cpu().numpy()
+    tok = data.tok.cpu().numpy()
+    v = len(w)
+    val = np.append(w, 0.0).astype(np.float32)[tok]
+    keep = val > 0                                   # pads and terms the table weighs 0 are left out
+    indptr = np.zeros(len(tok) + 1, dtype=np.int32)
+    np.cumsum(keep.sum(1), out=indptr[1:])
+    return sp.csr_matrix((val[keep], tok[keep].astype(np.int32), indptr), shape=(len(tok), v))
 
 
 def evaluate_head(head: InferenceFreeHead, data: PairData) -> dict:
@@ -102,15 +109,18 @@ class InferenceFree(D2S):
         zc, zi = train.z_cap[idx], train.z_img[uimg]
         s_img, cols = head.forward_live(drop_coordinates(head.centered(zi, "image"), cfg.image_dropout, generator))
         s_img = top_k_rows(s_img, head.top_k("image"))
-        q = indicator_cols(train.tok[idx], cols, len(head.vocab)) * head.query_weight[cols].clamp(min=0)
-        with torch.no_grad():
-            t = (zc @ zi.T) / cfg.temperature
-        s = q @ s_img.T
+        v = len(head.vocab)
+        tok = train.tok[idx]
+        tok = tok[:, :max(1, int((tok < v).sum(1).max()))]      # the batch's longest caption
+        q = torch.cat([head.query_weight.clamp(min=0), head.query_weight.new_zeros(1)])[tok]   # [B, T], 0 at pads
+        t = teacher_logits(zc, zi, cfg.temperature)
+        s = gathered_scores(q, tok, ScoreSide(s_img, cols, v))   # q_Cᵀ s_I: the captions' terms stay sparse
         ci, ic = soft_ce(t, s), soft_ce(t.T, s.T)
         reg = sparsity(s_img, cfg.sparsity_loss)
         loss = (1.0 - cfg.lam) * (ci + ic) + cfg.lam * eta_at(step, cfg.eta, self.l1_warm) * reg
         with torch.no_grad():
-            flops = float(((q > 0).float().mean(0) * (s_img > 0).float().mean(0)).sum())
+            q_df = torch.zeros(v + 1, device=q.device).index_add_(0, tok.flatten(), (q > 0).flatten().float())
+            flops = float((q_df[cols] / len(idx) * (s_img > 0).float().mean(0)).sum())
         parts = {"ci": float(ci.detach()), "ic": float(ic.detach()), "l1_img": float(reg.detach()), "flops": flops}
         if cfg.eta_query_flops > 0:   # expected FLOPs of the training queries: Σ_t p_q(t)·mean_i s_it
             qf = (self.query_df[cols.cpu()].to(s_img.device) * s_img.mean(0)).sum()
