@@ -15,10 +15,12 @@ stderr) and then goes on (an encode finds the output made and keeps it). The ker
 lock when its process dies, even by SIGKILL, so a killed writer never blocks the next one.
 
 `kill_point()` is the test hook the long loops call once per batch: with the environment
-variable MMSPARSE_TEST_KILL_AFTER=N the process SIGKILLs itself at the N-th call, so tests
-can interrupt a stage at a deterministic point (tests/test_kill.py); with
+variable MMSPARSE_TEST_KILL_AFTER=N the process SIGKILLs itself at the N-th call (SIGINT, as
+Ctrl-C, with MMSPARSE_TEST_KILL_SIGNAL=INT), so tests can interrupt a stage at a deterministic
+point (tests/test_kill.py, mmsparse.bench.faults); with
 MMSPARSE_TEST_PAUSE_UNTIL=FILE it waits at each call until FILE exists (two writers at once,
-tests/test_lock.py).
+tests/test_lock.py), from the N-th call on with MMSPARSE_TEST_PAUSE_AFTER=N (Make interrupted
+mid-way, tests/test_make_interrupt.py).
 """
 
 from __future__ import annotations
@@ -225,22 +227,32 @@ def write_text_atomic(target: str | Path, text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
-_kill = {"after": None, "calls": 0, "pause": None}
+_kill = {"after": None, "calls": 0, "pause": None, "pause_after": 0, "count": None}
 
 
 def kill_point() -> None:
     """Test hook, called once per batch by the long loops (encode-dense, train-head, sparsify,
     index): with MMSPARSE_TEST_KILL_AFTER=N in the environment, SIGKILL this process at the
-    N-th call; with MMSPARSE_TEST_PAUSE_UNTIL=FILE, wait until FILE exists. A no-op otherwise
-    (two dict lookups)."""
+    N-th call (SIGINT with MMSPARSE_TEST_KILL_SIGNAL=INT); with MMSPARSE_TEST_PAUSE_UNTIL=FILE,
+    wait until FILE exists (from the MMSPARSE_TEST_PAUSE_AFTER-th call on, default the first);
+    with MMSPARSE_TEST_COUNT_POINTS=FILE, write the number of calls so far to FILE. A no-op
+    otherwise (two dict lookups)."""
     if _kill["after"] is None:
-        v = os.environ.get("MMSPARSE_TEST_KILL_AFTER", "")
-        _kill["after"] = int(v) if v.strip().isdigit() else 0
+        num = (lambda v: int(v) if v.strip().isdigit() else 0)  # noqa: E731
+        _kill["after"] = num(os.environ.get("MMSPARSE_TEST_KILL_AFTER", ""))
         _kill["pause"] = os.environ.get("MMSPARSE_TEST_PAUSE_UNTIL") or None
-    while _kill["pause"] and not os.path.exists(_kill["pause"]):
-        time.sleep(0.05)
-    if not _kill["after"]:
+        _kill["pause_after"] = num(os.environ.get("MMSPARSE_TEST_PAUSE_AFTER", ""))
+        _kill["count"] = os.environ.get("MMSPARSE_TEST_COUNT_POINTS") or None
+    if not (_kill["after"] or _kill["pause"] or _kill["count"]):
         return
     _kill["calls"] += 1
-    if _kill["calls"] >= _kill["after"]:
+    if _kill["count"]:
+        Path(_kill["count"]).write_text(str(_kill["calls"]))
+    while _kill["pause"] and _kill["calls"] >= _kill["pause_after"] and not os.path.exists(_kill["pause"]):
+        time.sleep(0.05)
+    if _kill["after"] and _kill["calls"] >= _kill["after"]:
+        if os.environ.get("MMSPARSE_TEST_KILL_SIGNAL") == "INT":
+            _kill["after"] = 0            # once: Python turns it into a KeyboardInterrupt that unwinds the stage
+            os.kill(os.getpid(), signal.SIGINT)
+            return
         os.kill(os.getpid(), signal.SIGKILL)

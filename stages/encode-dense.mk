@@ -55,5 +55,9 @@ $(DENSE_FILES) &: $(wildcard $(KARPATHY_JSON))
 	  $(addprefix --split ,$(SPLITS)) $(ENCODE_FLAGS)
 endif
 
+# An interrupted encode-dense resumes, and every split it finished is complete: Make must not delete them
+# when interrupted (or when a later split fails), as it does with a recipe's targets otherwise.
+.PRECIOUS: $(DENSE_FILES)
+
 .PHONY: encode-dense
 encode-dense: $(DENSE_FILES)

@@ -24,7 +24,12 @@
 #   make bench-synthetic   the labelled stress test: synthetic collections with independently placed terms
 #                          ($(BENCH)/HEAD/synthetic-N, frontier-synthetic.png)
 #   make bench-train       $(WORK)/bench/train-head.json (+ .md): train-head step time vs the bare vocabulary
-#                          projection; simulated rows labelled, plus a head really trained at |V| = 30522
+#                          projection; simulated rows labelled, plus a head really trained at |V| = 30522; each
+#                          row in fp32 and under bf16 autocast (--amp bf16; only where the CPU has AMX/AVX512-BF16)
+#   make bench-encode      $(WORK)/bench/encode.json (+ .md): encode-dense images/s and captions/s on the first
+#                          BENCH_ENCODE_IMAGES images and BENCH_ENCODE_CAPTIONS captions of the train split, one
+#                          process per configuration: glibc's malloc (before) vs mmsparse's setting, fp32 vs
+#                          bf16 (where the CPU or GPU has it), channels-last, 1 thread vs all (docs/speed.md)
 #
 #   BENCH_HEADS      heads of bench-search / bench-figures    (default: d2s if; `if` is the inference-free head)
 #   BENCH_QUERY_MODES_NAME  the query files of head NAME      (default: expand caption-terms; if: inference-free;
@@ -37,6 +42,13 @@
 #   BENCH_SYNTHETIC  scales of bench-synthetic                (default: synthetic-123000,synthetic-1000000)
 #   BENCH_FLAGS      more flags of `python -m mmsparse.bench.search` (see its --help; e.g. --jobs pisa)
 #   BENCH_TRAIN_EPOCHS epochs of the |V| = 30522 head of bench-train (default: 5 = 300 steps of 512 captions)
+#   make faults            $(WORK)/bench/faults.json (+ .md): encode-dense (images, captions), train-head, sparsify and
+#                          index interrupted FAULT_KILLS times each at random points (SIGKILL, SIGINT), rerun and
+#                          compared with a clean run (docs/formats.md, Reliability; ~40 min on 2 cores)
+#   FAULT_KILLS      interruptions per stage of `faults`         (default: 50)
+#   FAULT_SEED       their seed                                  (default: 0)
+#   BENCH_ENCODE_IMAGES / BENCH_ENCODE_CAPTIONS  images / captions per bench-encode row (default: 512 / 4096)
+#   BENCH_ENCODE_FLAGS more flags of `python -m mmsparse.bench.encode` (e.g. --device cuda --batch-size 256)
 #   BENCH_PYTHON     the interpreter with mmsparse installed  (default: python)
 BENCH            ?= $(WORK)/bench
 BENCH_HEADS      ?= d2s if
@@ -49,6 +61,11 @@ BENCH_SCALES     ?= flickr8k,123k,1m
 BENCH_SYNTHETIC  ?= synthetic-123000,synthetic-1000000
 BENCH_FLAGS      ?=
 BENCH_TRAIN_EPOCHS ?= 5
+FAULT_KILLS      ?= 50
+FAULT_SEED       ?= 0
+BENCH_ENCODE_IMAGES   ?= 512
+BENCH_ENCODE_CAPTIONS ?= 4096
+BENCH_ENCODE_FLAGS    ?=
 BENCH_PYTHON     ?= python
 VIEWS_DIR        := $(BENCH)/views/$(BACKBONE)
 COLL_DENSE       := $(BENCH)/collections
@@ -66,7 +83,7 @@ BENCH_SEARCH      = $(BENCH_PYTHON) -m mmsparse.bench.search --work $(WORK) \
                     --heads $(subst $(bench_space),$(bench_comma),$(strip $(BENCH_HEADS))) --backbone $(BACKBONE) \
                     --split $(EVAL_SPLIT) --out $(BENCH) --dense-collections $(COLL_DENSE)
 
-.PHONY: bench-views bench-collections bench-figures bench-search bench-synthetic bench-train
+.PHONY: bench-views bench-collections bench-figures bench-search bench-synthetic bench-train bench-encode faults
 
 bench-views: $(VIEWS_DIR)/views.h5
 
@@ -111,6 +128,16 @@ bench-synthetic: $(BENCH_DENSE_INPUTS) $(foreach h,$(BENCH_HEADS),$(call bench_i
 # (the main job's D2S_FLAGS + --vocab-min-df 0) for BENCH_TRAIN_EPOCHS epochs, timed once it is sparse
 HEAD_FLAGS_bench-v30522 = $(D2S_FLAGS) --vocab-min-df 0 --epochs $(BENCH_TRAIN_EPOCHS)
 bench-train: $(WORK)/heads/$(HEAD)/config.json $(WORK)/heads/bench-v30522/config.json
-	$(BENCH_PYTHON) -m mmsparse.bench.train -o $(WORK)/bench/train-head.json --head $(WORK)/heads/$(HEAD) \
+	$(BENCH_PYTHON) -m mmsparse.bench.train -o $(WORK)/bench/train-head.json --head $(WORK)/heads/$(HEAD) --amp none,bf16 \
 	  --trained-head $(WORK)/heads/bench-v30522 \
 	  --images $(DENSE_DIR)/train-images.h5 --captions $(DENSE_DIR)/train-captions.h5
+
+# encode-dense throughput (issue 35): each configuration in its own process, every row in one run
+bench-encode:
+	$(BENCH_PYTHON) -m mmsparse.bench.encode $(KARPATHY_JSON) $(IMAGE_ROOT) --model $(MODEL) -o $(WORK)/bench/encode.json \
+	  --images $(BENCH_ENCODE_IMAGES) --captions $(BENCH_ENCODE_CAPTIONS) $(BENCH_ENCODE_FLAGS)
+
+# interrupted and rerun stages compared with clean runs (issue 37): exits 1 if any rerun differs
+faults:
+	$(BENCH_PYTHON) -m mmsparse.bench.faults -o $(WORK)/bench/faults.json --kills $(FAULT_KILLS) --seed $(FAULT_SEED) \
+	  --data $(DATA) --model $(MODEL)

@@ -30,7 +30,7 @@ def search(index_dir: str | Path, queries: str | Path, *, out: str | Path, k: in
            rrf_k: int = 60, sparse_weight: float = 0.5, dense_weight: float = 0.5,
            milvus_drop_ratio_search: float = 0.0, token: str = "", timeout: float = 30.0,
            exclude_self: bool = False, rerank_dense: Sequence[str | Path] | None = None, rerank_k: int = 100,
-           head: str | Path | None = None, progress: Reporter | None = None) -> Path:
+           head: str | Path | None = None, allow_dense: bool = False, progress: Reporter | None = None) -> Path:
     """Search `queries` (sparse or dense HDF5) against `index_dir` and write the top `k` per query
     to the TREC run `out` (plus its provenance sidecar OUT.meta.json); returns `out`.
 
@@ -56,8 +56,10 @@ def search(index_dir: str | Path, queries: str | Path, *, out: str | Path, k: in
     rerank_k results by dense cosine (BM25-V two-stage). force turns query/index mismatches
     into warnings. batch_size: queries per search call (progress granularity).
 
-    Queries with empty sparse vectors get no results and are counted in the summary. Raises
-    InputError for bad input or options (nothing is written then).
+    Queries with empty sparse vectors get no results and are counted in the summary. Near-dense
+    sparse queries or documents (over 10 % of the vocabulary per vector: a head not sparse yet) get
+    a warning line with the postings the search will walk, unless allow_dense. Raises InputError
+    for bad input or options (nothing is written then).
     """
     from ..formats.queries import query_file_kind
     from ..indexes.meta import SPARSE_KINDS, hdf5_format, read_meta
@@ -135,6 +137,8 @@ def search(index_dir: str | Path, queries: str | Path, *, out: str | Path, k: in
             else:
                 probe = _prune(qmat, query_top_n, min_weight)
             empty = int((probe.getnnz(axis=1) == 0).sum())
+            if not allow_dense:
+                _warn_if_dense(queries, probe, meta)
             if kind == "milvus" and empty == len(qids):
                 raise InputError(f"{queries}: {'every query has' if qids else 'there is no query with'} an empty sparse "
                                  "vector; nothing to search (check the query file, --query-top-n and --min-weight)")
@@ -196,6 +200,28 @@ def search(index_dir: str | Path, queries: str | Path, *, out: str | Path, k: in
             (" from the sparse route" if route == "hybrid" else "")
     rep.log(msg)
     return out
+
+
+def _warn_if_dense(queries, probe, meta: dict) -> None:
+    """One warning line when the queries (probe, CSR [Nq, |V|]) or the index's documents hold more
+    than checks.NEAR_DENSE of the vocabulary: the postings the search will walk, from FLOPs (D2S
+    eq. 1, mean shared terms of a query-document pair) estimated as q·d/|V|, times the documents."""
+    from ..checks import DENSE_FIX, near_dense, terms_share, warn
+
+    v = int(meta.get("vocab_size") or probe.shape[1])
+    n_docs, postings = meta.get("num_docs"), meta.get("postings")
+    q = float(probe.getnnz(axis=1).mean()) if probe.shape[0] else 0.0
+    d = postings / n_docs if n_docs and postings else None
+    if not (near_dense(q, v) or (d is not None and near_dense(d, v))):
+        return
+    docs = f", and the {n_docs:,} documents {d:,.0f}" if d is not None else ""
+    cost = ""
+    if d is not None:
+        per_query = q * d / v * n_docs
+        cost = (f"; each query walks about {per_query:,.0f} postings ({per_query * probe.shape[0]:.2g} for these "
+                f"{probe.shape[0]:,}), where the Flickr8k example's head walks about 12 per document")
+    warn(f"{queries}: {terms_share('queries', q, v)}{docs}: the head is not sparse yet{cost}; {DENSE_FIX}, or "
+         "pass --allow-dense to search anyway quietly")
 
 
 def _milvus_route(mode: str, fmt: str, queries: Path, dense_queries, index_dir: Path) -> str:

@@ -33,6 +33,9 @@ def main(
     force: bool = typer.Option(False, "--force", help="Search even when the queries' recorded backbone, model, "
                                "head, dataset or split differ from the indexed documents', or when queries and "
                                "documents have the same modality (mismatches become warnings)."),
+    allow_dense: bool = typer.Option(False, "--allow-dense", help="No warning for near-dense sparse queries or "
+                                     "documents (over 10% of the vocabulary per vector: a head not sparse yet; "
+                                     "the warning estimates the postings the search walks)."),
     query_algorithm: str = typer.Option("", help="Query algorithm (block_max_wand, block_max_maxscore, maxscore, "
                                         "wand, ranked_or, ranked_or_taat, ...); default: the one recorded by "
                                         "`index`. Long expanded queries: maxscore or ranked_or_taat are usually "
@@ -102,4 +105,4 @@ def main(
            query_cut=query_cut, ef_search=ef_search, dense_queries=dense_queries, fusion=fusion, rrf_k=rrf_k,
            sparse_weight=sparse_weight, dense_weight=dense_weight,
            milvus_drop_ratio_search=milvus_drop_ratio_search, token=token, timeout=timeout, exclude_self=exclude_self,
-           rerank_dense=rerank_dense, rerank_k=rerank_k, head=head, progress=RichReporter())
+           rerank_dense=rerank_dense, rerank_k=rerank_k, head=head, allow_dense=allow_dense, progress=RichReporter())
