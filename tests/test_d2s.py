@@ -145,6 +145,25 @@ def test_live_columns_training_forward_is_exact(state):
         torch.testing.assert_close(out[1][1][k], out[0][1][k], rtol=1e-5, atol=1e-7)
 
 
+def _synthetic_pairs(v: int, n_img: int = 40, pieces: bool = False):
+    """(PairData, vocab, token_ids): n_img unit image vectors [n_img, 16], 3 noisy captions each
+    with Zipf-drawn terms of a v-term vocabulary of letter pairs (every fifth a "##" piece with
+    `pieces`); seeded."""
+    from mmsparse.methods.pairs import PairData
+
+    g = np.random.default_rng(0)
+    rng = torch.Generator().manual_seed(0)
+    zi = torch.nn.functional.normalize(torch.randn(n_img, 16, generator=rng), dim=1)
+    cap_img = torch.arange(n_img).repeat_interleave(3)
+    zc = torch.nn.functional.normalize(zi[cap_img] + 0.5 * torch.randn(len(cap_img), 16, generator=rng), dim=1)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    vocab = [("##" if pieces and i % 5 == 0 else "") + letters[i // 26] + letters[i % 26] for i in range(v)]
+    token_ids = [np.unique(np.minimum(g.zipf(1.3, 10) - 1, v - 1)) for _ in range(len(cap_img))]
+    train = PairData(zi, zc, cap_img, [f"i{i}" for i in range(n_img)], [f"c{i}" for i in range(len(cap_img))],
+                     [""] * len(cap_img), {}, {}, tok=torch.from_numpy(pad_ids(token_ids, v)), token_ids=token_ids)
+    return train, vocab, token_ids
+
+
 @pytest.mark.parametrize("options", [
     dict(expansion="caption-word", mask_caption_terms=False, l1_caption="raw", sparsity_loss="flops",
          caption_terms_weight=1.0, doc_words_weight=3.0),
@@ -160,19 +179,10 @@ def test_gated_training_loss_equals_the_dense_one(options, bias):
     from mmsparse.methods.base import make_config
     from mmsparse.methods.d2s.config import D2SConfig
     from mmsparse.methods.d2s.method import D2S, image_words
-    from mmsparse.methods.pairs import PairData
 
-    v, n_img = 300, 40
-    g = np.random.default_rng(0)
-    rng = torch.Generator().manual_seed(0)
-    zi = torch.nn.functional.normalize(torch.randn(n_img, 16, generator=rng), dim=1)
-    cap_img = torch.arange(n_img).repeat_interleave(3)
-    zc = torch.nn.functional.normalize(zi[cap_img] + 0.5 * torch.randn(len(cap_img), 16, generator=rng), dim=1)
-    letters = "abcdefghijklmnopqrstuvwxyz"
-    vocab = [("" if i % 5 else "##") + letters[i // 26] + letters[i % 26] for i in range(v)]   # words and pieces
-    token_ids = [np.unique(np.minimum(g.zipf(1.3, 10) - 1, v - 1)) for _ in range(len(cap_img))]
-    train = PairData(zi, zc, cap_img, [f"i{i}" for i in range(n_img)], [f"c{i}" for i in range(len(cap_img))],
-                     [""] * len(cap_img), {}, {}, tok=torch.from_numpy(pad_ids(token_ids, v)), token_ids=token_ids)
+    v = 300
+    train, vocab, token_ids = _synthetic_pairs(v, pieces=True)
+    zc, zi, cap_img = train.z_cap, train.z_img, train.cap_img
     cfg = make_config(D2SConfig, dict(epochs=4, image_dropout=0.2, doc_top_k=24, query_top_k=12, eta=0.05,
                                       **options))
     m = D2S(cfg)
@@ -481,19 +491,9 @@ def _amp_setup(gated: bool, method_name: str = "d2s"):
     from mmsparse.methods import get_method
     from mmsparse.methods.base import make_config
     from mmsparse.methods.d2s.method import image_words
-    from mmsparse.methods.pairs import PairData
 
-    v, n_img = 300, 40
-    g = np.random.default_rng(0)
-    rng = torch.Generator().manual_seed(0)
-    zi = torch.nn.functional.normalize(torch.randn(n_img, 16, generator=rng), dim=1)
-    cap_img = torch.arange(n_img).repeat_interleave(3)
-    zc = torch.nn.functional.normalize(zi[cap_img] + 0.5 * torch.randn(len(cap_img), 16, generator=rng), dim=1)
-    letters = "abcdefghijklmnopqrstuvwxyz"
-    vocab = [letters[i // 26] + letters[i % 26] for i in range(v)]
-    token_ids = [np.unique(np.minimum(g.zipf(1.3, 10) - 1, v - 1)) for _ in range(len(cap_img))]
-    train = PairData(zi, zc, cap_img, [f"i{i}" for i in range(n_img)], [f"c{i}" for i in range(len(cap_img))],
-                     [""] * len(cap_img), {}, {}, tok=torch.from_numpy(pad_ids(token_ids, v)), token_ids=token_ids)
+    v = 300
+    train, vocab, token_ids = _synthetic_pairs(v)
     cls = get_method(method_name)
     extra = dict(doc_top_k=24, query_top_k=12, doc_words_weight=1.0, caption_terms_weight=1.0) \
         if gated and method_name == "d2s" else {}
