@@ -58,7 +58,8 @@ with torch_threads(threads):
         if not recs:
             continue
         r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-        res = fn(bb, recs, a["tmp"] + f"/{kind}.h5", {"modality": kind, "dataset": "bench", "split": a["split"]},
+        modality = "image" if kind == "images" else "text"
+        res = fn(bb, recs, a["tmp"] + f"/{kind}.h5", {"modality": modality, "dataset": "bench", "split": a["split"]},
                  batch_size=a["batch_size"], precision=a["precision"], force=True, **kw)
         r1, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - t0
         c = resource.getrusage(resource.RUSAGE_CHILDREN)   # DataLoader workers, once they have exited
