@@ -137,8 +137,6 @@ def search(index_dir: str | Path, queries: str | Path, *, out: str | Path, k: in
             else:
                 probe = _prune(qmat, query_top_n, min_weight)
             empty = int((probe.getnnz(axis=1) == 0).sum())
-            if not allow_dense:
-                _warn_if_dense(queries, probe, meta)
             if kind == "milvus" and empty == len(qids):
                 raise InputError(f"{queries}: {'every query has' if qids else 'there is no query with'} an empty sparse "
                                  "vector; nothing to search (check the query file, --query-top-n and --min-weight)")
@@ -146,6 +144,8 @@ def search(index_dir: str | Path, queries: str | Path, *, out: str | Path, k: in
             qids, empty = None, 0
         if route in ("dense", "hybrid"):
             qids, vectors = _dense_queries(dense_file, qids, searcher, index_dir)
+        if probe is not None and not allow_dense:
+            _warn_if_dense(queries, probe, meta)  # after every input check: a refused search prints only its error
 
         counts = {"results": 0}
         reranker = bm25.DenseReranker(rerank_dense) if rerank_dense else None
