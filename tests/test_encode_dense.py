@@ -97,13 +97,36 @@ def test_cli_errors(run_cli, flickr8k_dir, tmp_path):
     code, _, err = run_cli("encode-dense", flickr8k_dir / "dataset_flickr8k.json", flickr8k_dir / "images",
                            "-o", tmp_path / "o", "--precision", "fp16", "--device", "cpu")
     assert code == 2 and "--precision fp16: float16 autocast runs on CUDA only" in err and not (tmp_path / "o").exists()
-    if cpu_bf16() is None:   # emulated bf16 is refused; where it is native, test_bf16_on_cpu runs it
+    if cpu_bf16() is None:   # emulated bf16 is refused; test_bf16_on_cpu runs bf16
         code, _, err = run_cli("encode-dense", flickr8k_dir / "dataset_flickr8k.json", flickr8k_dir / "images",
                                "-o", tmp_path / "o", "--precision", "bf16", "--device", "cpu")
         assert code == 2 and "has no bf16 matrix unit (AMX or AVX512-BF16)" in err and not (tmp_path / "o").exists()
     code, _, err = run_cli("encode-dense", flickr8k_dir / "dataset_flickr8k.json", flickr8k_dir / "images",
                            "-o", tmp_path / "o", "--precision", "fp8")
     assert code == 2 and "--precision 'fp8'" in err
+
+
+def test_bf16_on_cpu(run_cli, small_karpathy, dual_encoder_dir, tmp_path, monkeypatch):
+    """encode-dense --precision bf16 on the CPU: allowed where the CPU has a bf16 matrix unit, the
+    vectors within bf16 rounding of fp32's and the precision recorded. Where the CPU has none the
+    test declares one (oneDNN then emulates bf16: slower, the same rounding), so it runs everywhere."""
+    from mmsparse import runtime
+
+    if cpu_bf16() is None:
+        monkeypatch.setattr(runtime, "cpu_bf16", lambda: "amx_bf16")
+    ann, images, _ = small_karpathy
+    base = (ann, images, "--model", dual_encoder_dir, "--split", "test", "--limit", "4", "--workers", "0",
+            "--device", "cpu")
+    code, _, err = run_cli("encode-dense", *base, "-o", tmp_path / "fp32")
+    assert code == 0, err
+    code, _, err = run_cli("encode-dense", *base, "-o", tmp_path / "bf16", "--precision", "bf16")
+    assert code == 0, err
+    assert "; bf16, " in err  # the load line says what it computes in
+    for name in ("test-images.h5", "test-captions.h5"):
+        ref, v = read_dense(tmp_path / "fp32" / name), read_dense(tmp_path / "bf16" / name)
+        assert v.attrs["precision"] == "bf16" and v.vectors.dtype == np.float32 and v.ids == ref.ids
+        cos = (v.vectors * ref.vectors).sum(1)
+        assert cos.min() > 0.99 and not np.array_equal(v.vectors, ref.vectors), (name, cos.min())
 
 
 @pytest.mark.slow  # two real encodes: ~25 s
