@@ -439,8 +439,8 @@ def test_caption_terms_weight_adds_the_caption_term_loss(method_data):
     s_img = head(train.z_img[uimg], side="image")
     t = train.z_cap[idx] @ train.z_img[uimg].T / base[0].cfg.temperature
     ct = soft_ce(t, s_cap @ s_img.T) + soft_ce(t.T, s_img @ s_cap.T)
-    assert "caption_terms" not in p0 and p1["caption_terms"] == pytest.approx(float(ct), rel=1e-4)
-    assert float(l1) == pytest.approx(float(l0) + 0.5 * 2.0 * float(ct), rel=1e-4)
+    assert "caption_terms" not in p0 and p1["caption_terms"] == pytest.approx(float(ct.detach()), rel=1e-4)
+    assert float(l1.detach()) == pytest.approx(float(l0.detach()) + 0.5 * 2.0 * float(ct.detach()), rel=1e-4)
 
 
 def test_doc_words_weight_adds_the_image_word_loss(method_data):
