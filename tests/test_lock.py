@@ -130,6 +130,11 @@ def test_two_encode_dense_processes_of_one_output(images, tiny_clip, tmp_path):
     go = tmp_path / "go"
     first = _encode(images, tiny_clip, out, MMSPARSE_TEST_PAUSE_UNTIL=str(go))  # holds the lock mid-encode
     _wait_for_lock(out / ".all-images.h5.lock", first.pid, first)
+    # the lock is taken before the first shard is started: wait for it (a loaded machine is slow)
+    for _ in range(1200):
+        if (out / "all-images.h5.partial").is_dir() or first.poll() is not None:
+            break
+        time.sleep(0.05)
     assert (out / "all-images.h5.partial").is_dir()
     second = _encode(images, tiny_clip, out)
     _, err = second.communicate(timeout=300)
