@@ -63,7 +63,7 @@ def test_stored_inputs_and_rebuilt_layers_reproduce_the_vectors(final_run):
 
 
 def test_head_saves_and_reloads_the_tuned_final_layers(final_run, dual_encoder_dir):
-    root, dense, head_dir = final_run
+    _, dense, head_dir = final_run
     cfg = json.loads((head_dir / "config.json").read_text())
     assert cfg["final_layers"]["text"]["modules"] == TEXT_MODULES
     assert cfg["final_layers"]["image"]["modules"][0] == "vision_model.encoder.top_conv"
@@ -97,23 +97,23 @@ def test_sparsify_recomputes_dense_vectors_through_the_final_layers(final_run):
 
 
 def test_files_without_final_inputs_are_refused_with_the_flag(final_run, run_cli, tmp_path):
-    root, dense, head_dir = final_run
+    _, dense, head_dir = final_run
     from mmsparse.formats.dense import write_dense
     for kind in ("images", "captions"):
         d = read_dense(dense / f"val-{kind}.h5")
         keep = {k: d.attrs[k] for k in ("modality", "backbone", "model", "model_fingerprint", "dataset", "split",
                                          "normalized")}
         write_dense(tmp_path / f"{kind}.h5", d.ids, d.vectors, keep, texts=d.texts, image_ids=d.image_ids)
-    code, out, err = run_cli("train-head", "--method", "joint", tmp_path / "images.h5", tmp_path / "captions.h5",
+    code, _, err = run_cli("train-head", "--method", "joint", tmp_path / "images.h5", tmp_path / "captions.h5",
                              "-o", tmp_path / "head")
     assert code == 2 and "--final-layer-inputs" in err and "final_input" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "head").exists()
-    code, out, err = run_cli("sparsify", head_dir, tmp_path / "images.h5", "-o", tmp_path / "x.h5")
+    code, _, err = run_cli("sparsify", head_dir, tmp_path / "images.h5", "-o", tmp_path / "x.h5")
     assert code == 2 and "--final-layer-inputs" in err and not (tmp_path / "x.h5").exists()
 
 
 def test_frozen_final_layer_keeps_the_backbone_weights(final_run, tmp_path):
-    root, dense, _ = final_run
+    _, dense, _ = final_run
     out = mmsparse.train_head(dense / "test-images.h5", dense / "test-captions.h5", out=tmp_path / "frozen",
                               method="joint", epochs=1, batch_size=4, vocab_min_df=1, tune_final_layer=False,
                               tune_projection=False)
@@ -126,7 +126,7 @@ def test_frozen_final_layer_keeps_the_backbone_weights(final_run, tmp_path):
 
 
 def test_backbones_without_a_known_final_layer_refuse_the_flag(tiny_clip, flickr8k_dir, run_cli, tmp_path):
-    code, out, err = run_cli("encode-dense", flickr8k_dir / "dataset_flickr8k.json", flickr8k_dir / "images",
+    code, _, err = run_cli("encode-dense", flickr8k_dir / "dataset_flickr8k.json", flickr8k_dir / "images",
                              "--model", tiny_clip, "--backbone", "clip", "--split", "test", "--limit", "2",
                              "--final-layer-inputs", "-o", tmp_path / "d")
     errors = [x for x in err.splitlines() if x.startswith("mmsparse: error")]

@@ -399,3 +399,19 @@ def grid_table(head_dirs: list[str | Path]) -> str:
                if (r, c) in cells else "-" for c in cols]
         lines.append(f"| {r:g} | " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
+
+
+def se_table(items: list[str]) -> str:
+    """Markdown table of `mmsparse eval` JSON files given as "label=path": R@1, R@5, R@10 x100 each
+    with its standard error sqrt(p(1 - p) / n) over the n queries (R@k is 0 or 1 per query; captions
+    of one image are treated as independent, so the error is a lower bound), and FLOPs."""
+    lines = ["| run | R@1 | R@5 | R@10 | FLOPs |", "|---|---:|---:|---:|---:|"]
+    for item in items:
+        label, _, path = item.rpartition("=")
+        r = json.loads(Path(path).read_text(encoding="utf-8"))
+        n = int(r.get("queries") or 0)
+        cells = [f"{100 * r[k]:.1f} ± {100 * math.sqrt(r[k] * (1 - r[k]) / n):.1f}" if n else f"{100 * r[k]:.1f}"
+                 for k in ("R@1", "R@5", "R@10")]
+        flops = f"{r['FLOPs']:.2f}" if r.get("FLOPs") is not None else "–"
+        lines.append(f"| {label or path} | " + " | ".join(cells) + f" | {flops} |")
+    return "\n".join(lines) + f"\n\nx100 ± standard error over {n} queries\n"
