@@ -132,3 +132,16 @@ def test_backbones_without_a_known_final_layer_refuse_the_flag(tiny_clip, flickr
     errors = [x for x in err.splitlines() if x.startswith("mmsparse: error")]
     assert code == 2 and len(errors) == 1 and "no known final layer" in errors[0]
     assert not (tmp_path / "d").exists() or not list((tmp_path / "d").glob("*.h5"))
+
+
+def test_query_encodes_through_the_final_layers(final_run, tmp_path):
+    """`query` with a final-layer head: its text query is the caption's sparsify row (the query
+    encoder stores final-layer inputs and the head runs its tuned layers on them)."""
+    _, dense, head_dir = final_run
+    docs = mmsparse.sparsify(head_dir, dense / "test-images.h5", out=tmp_path / "docs.h5")
+    caps = read_sparse(mmsparse.sparsify(head_dir, dense / "test-captions.h5", out=tmp_path / "caps.h5"))
+    idx = mmsparse.build_index(docs, out=tmp_path / "index")
+    (r,) = mmsparse.query(idx, [caps.texts[0]], k=4)
+    want = {caps.vocab[j]: w for j, w in zip(*(a.tolist() for a in caps.row(0)))}
+    got = {t["term"]: t["weight"] for t in r["terms"]}
+    assert got.keys() == want.keys() and all(abs(got[t] - want[t]) < 1e-3 * max(1.0, want[t]) for t in want)
