@@ -7,7 +7,7 @@
 #
 # Inputs: $(JOINT_STATES)/{train,val,test}-{images,captions}.h5 from
 #   mmsparse encode-dense ... --final-layer-inputs -o $(JOINT_STATES)   (final_input [+ final_mask]: what
-#   enters each tower's final layer, float16; 30.6 KiB per image, 48 KiB per caption, 2.2 GB in all)
+#   enters each tower's final layer, float16; 30.6 KiB per image, 48 KiB per caption, 2.4 GB in all)
 # Heads: $(WORK)/heads/joint (full), joint-nodistill (no L'), joint-frozen (final layers and projections frozen),
 #        joint-grid-W1-W2 (grid cells, JOINT_GRID_FLAGS schedule).
 # Outputs: $(WORK)/eval/joint-dense.json, joint-sparse.json, joint-table.md, joint-ablation.md, joint-grid.md;
