@@ -465,7 +465,7 @@ def encode_splits(todo: dict, *, out: Path, opts, name: str, source: str,
     from .formats import write_qrels
     from .runtime import default_workers
 
-    extras = [e for e in ("pre_projection", "token_states", "patch_states") if getattr(opts, e)]
+    extras = [e for e in ("pre_projection", "token_states", "patch_states", "final_layer_inputs") if getattr(opts, e)]
     if extras:
         raise InputError(f"--ray: extra datasets ({', '.join('--' + e.replace('_', '-') for e in extras)}) are "
                          "written by the single-process path only; drop --ray or the extra options")

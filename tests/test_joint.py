@@ -159,7 +159,7 @@ def joint_run(tmp_path_factory, dual_encoder_dir):
                                  str(root / "train-captions.h5"), "--val-images", str(root / "val-images.h5"),
                                  "--val-captions", str(root / "val-captions.h5"), "-o", str(out),
                                  "--epochs", "2", "--batch-size", "16", "--warmup-steps", "4",
-                                 "--vocab-model", str(vocab_model)])
+                                 "--vocab-model", str(vocab_model), "--dense-side", "pre-projection"])
     assert r.exit_code == 0, r.output + repr(r.exception)
     return root, out
 

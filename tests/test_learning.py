@@ -29,7 +29,7 @@ SCHEDULES = {
                 sparsity_loss="flops", eta=0.05, l1_warmup=30, mask_caption_terms=False, l1_caption="raw",
                 pec_end=1.0, query_top_k=32),
     "joint": dict(epochs=12, batch_size=64, vocab_min_df=1, eta=3e-3, l1_warmup=10, init_bias=-2.0,
-                  expansion="full"),
+                  expansion="full", dense_side="pre-projection"),
     # k = 32 on both sides: about the paper's share of the vocabulary (1.7 %) at this small one
     "vdr": dict(epochs=4, batch_size=128, lr=1e-3, lr_warmup=0.1, vocab_min_df=5, vdr_train_k=32,
                 vdr_query_k=32, vdr_doc_k=32),

@@ -22,7 +22,7 @@ from mmsparse.trainer import fit
 # short schedules and small vocabularies so each method trains in seconds on the conftest data
 OPTIONS = {
     "d2s": dict(epochs=2, batch_size=32, l1_warmup=2, eta=1e-3, vocab_min_df=1),
-    "joint": dict(epochs=2, batch_size=16, l1_warmup=2, vocab_min_df=1),
+    "joint": dict(epochs=2, batch_size=16, l1_warmup=2, vocab_min_df=1, dense_side="pre-projection"),
     "vdr": dict(epochs=2, batch_size=32, vdr_train_k=8, vdr_query_k=8, vdr_doc_k=8, vocab_min_df=1),
     "bm25v": dict(epochs=2, batch_size=64, sae_expansion=4, sae_k=4),
     "inference-free": dict(epochs=2, batch_size=32, l1_warmup=2, eta=1e-3, vocab_min_df=1),

@@ -289,6 +289,8 @@ class QueryEncoder:
         enc = self.settings
         modality = "text" if texts else "image"
         extras = list(TEXT_EXTRAS if texts else IMAGE_EXTRAS) if self.head is not None else []
+        if getattr(self.head, "config", {}).get("final_layers"):  # joint heads over the towers' final layers
+            extras.append("final_layer_inputs")
         attrs = {"modality": modality, "dataset": "query", "split": "query"}
         ids = [f"q{i}" for i in range(len(texts or images))]
         with self.lock, torch_threads(self.threads), \

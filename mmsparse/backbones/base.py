@@ -8,6 +8,8 @@ Extra outputs an encoder can return besides the pooled vectors ("vectors" [B, d]
   token_mask       [B, L] uint8    1 for real tokens, 0 for padding, and
   token_ids        [B, L] int32    the input token ids
   patch_states     [B, P, h_img]   image patch/grid states of layer `layer` (images only)
+  final_input      what enters the tower's final layer (backbones/final_layer.py): texts [B, L,
+                   h_text] with final_mask [B, L] uint8; images the feature map [B, C, H, W]
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import numpy as np
 from ..errors import InputError
 from ..provenance import model_fingerprint
 
-EXTRAS = ("pre_projection", "token_states", "patch_states")
+EXTRAS = ("pre_projection", "token_states", "patch_states", "final_input")
 
 _REGISTRY: dict[str, type["Backbone"]] = {}
 
@@ -149,6 +151,14 @@ class Backbone(ABC):
         """Projection weights mapping pre-projection states to vectors: e.g. {"image_proj_weight"
         [d, h_img], "text_proj_weight" [d, h_txt], optional "*_proj_bias" [d]}; empty if none."""
         return {}
+
+    def final_layer_spec(self, modality: str) -> dict:
+        """JSON description of the final layer of the `modality` ("text" | "image") tower, whose
+        input the "final_input" extra holds (backbones/final_layer.py). InputError here: this
+        backbone stores no final-layer inputs."""
+        raise InputError(f"--final-layer-inputs: the {self.name} backbone cannot store its final layers' inputs "
+                         "(only hf-dual towers of the kinds in `encode-dense --help` can); drop the flag and "
+                         "train joint heads with --dense-side pre-projection")
 
     def vocab(self) -> list[str]:
         """Token strings ordered by token id, one per row of `word_embeddings()`; ids the

@@ -21,7 +21,11 @@ Extra datasets in the dense file (only when asked for):
   patch_states      [N, P, h_img]    images: patch/grid states of hidden layer `layer` (-1 = last;
                                      ViTs include the [CLS] position first; conv maps are flattened
                                      row-major to P = H*W)
-token/patch states are stored as `states_dtype` (float16 by default).
+  final_input       [N, L, h_txt]    captions: hidden states entering the text tower's final layer,
+                    [N, C, H, W]     images: the feature map entering the image tower's final block
+  final_mask        [N, L] uint8     captions: attention mask of final_input (backbones/final_layer.py;
+                                     file attribute `final_layer`: the layer's JSON description)
+token/patch states and final_input are stored as `states_dtype` (float16 by default).
 
 Options are one `EncodeOptions` (backbones/options.py); the functions below also take its fields
 as keywords. Speed: images are decoded and preprocessed by a torch DataLoader with `workers`
@@ -291,6 +295,17 @@ def _pad_tokens(res: dict, length: int, pad_id: int, states_dtype) -> dict:
     return out
 
 
+def _pad_final(res: dict, length: int, states_dtype) -> dict:
+    """Pad final_input / final_mask of one caption batch to the fixed `length` (as _pad_tokens)."""
+    out = dict(res)
+    p = length - res["final_mask"].shape[1]
+    if p > 0:
+        out["final_input"] = np.pad(res["final_input"], ((0, 0), (0, p), (0, 0)))
+        out["final_mask"] = np.pad(res["final_mask"], ((0, 0), (0, p)))
+    out["final_input"] = out["final_input"].astype(states_dtype)
+    return out
+
+
 def _merge(out: Path, partial: Path, n_shards: int, dim: int, attrs: dict, text: bool,
            dtype: str, projections: dict) -> tuple[int, list[tuple[str, str]]]:
     skipped: list[tuple[str, str]] = []
@@ -326,6 +341,8 @@ def _run_shards(kind, backbone, records, out, attrs, opts: EncodeOptions, precis
     out = Path(out)
     partial = out.with_name(out.name + ".partial")
     extras = opts.extras(kind)
+    if "final_input" in extras:  # InputError for backbones without a known final layer, before any work
+        backbone.final_layer_spec("image" if kind == "images" else "text")
     layer = opts.layer if kind == "images" else -1
     settings = {"extras": sorted(extras), "layer": layer, "states_dtype": opts.states_dtype,
                 "shard_rows": shard_rows, "dtype": opts.dtype, "attrs": {k: str(v) for k, v in sorted(attrs.items())}}
@@ -370,6 +387,9 @@ def _run_shards(kind, backbone, records, out, attrs, opts: EncodeOptions, precis
     a = {**attrs, **backbone.attrs(), "extras": ",".join(sorted(extras)), "fingerprint": fp_text}
     if "patch_states" in extras:
         a["patch_layer"] = int(layer)
+    if "final_input" in extras:
+        a["final_layer"] = json.dumps(backbone.final_layer_spec("image" if kind == "images" else "text"),
+                                      sort_keys=True)
     if precision != "fp32":
         a["precision"] = precision
     n, skipped = _merge(out, partial, n_shards, backbone.dim, a, kind == "captions", opts.dtype, proj)
@@ -423,7 +443,7 @@ def encode_images_file(backbone: Backbone, records: Sequence[ImageRecord], out: 
                 sw.strings("ids", ids)
                 sw.rows("vectors", res["vectors"].astype(np.float32))
                 for e in ex:
-                    sw.rows(e, res[e].astype(sd if e == "patch_states" else np.float32))
+                    sw.rows(e, res[e].astype(sd if e in ("patch_states", "final_input") else np.float32))
             advance(len(ids) + len(bad))
             kill_point()  # tests: MMSPARSE_TEST_KILL_AFTER interrupts here
         return skipped
@@ -446,8 +466,9 @@ def encode_captions_file(backbone: Backbone, records: Sequence[CaptionRecord], o
     precision = resolve_precision(opts.precision, backbone.device)
     sd = np.dtype(opts.states_dtype)
     ex = opts.extras("captions")
-    keys = [e for e in ex if e != "token_states"] + (["token_states", "token_mask", "token_ids"]
-                                                     if "token_states" in ex else [])
+    keys = [e for e in ex if e not in ("token_states", "final_input")] + (
+        ["token_states", "token_mask", "token_ids"] if "token_states" in ex else []) + (
+        ["final_input", "final_mask"] if "final_input" in ex else [])
     pad = backbone.tokenizer.pad_token_id or 0
     bs = opts.batch_size
 
@@ -463,6 +484,8 @@ def encode_captions_file(backbone: Backbone, records: Sequence[CaptionRecord], o
             res = backbone.encode_tokens(backbone.tokenize([shard[i].text for i in at]), ex)
             if "token_states" in ex:
                 res = _pad_tokens(res, backbone.max_length, pad, sd)
+            if "final_input" in ex:
+                res = _pad_final(res, backbone.max_length, sd)
             sw.rows("vectors", res["vectors"].astype(np.float32), at)
             for k in keys:
                 sw.rows(k, res[k], at)

@@ -71,6 +71,24 @@ def load_hf(model_path: str, model_cls=None):
     return model, tok, ip
 
 
+class _Capture:
+    """Context manager: the first positional input of `module`'s forward, kept in `self.x`."""
+
+    def __init__(self, module, on: bool):
+        self.module, self.on, self.x = module, on, None
+
+    def _hook(self, _mod, args, kwargs):
+        self.x = args[0] if args else kwargs["hidden_states"]
+
+    def __enter__(self):
+        self.handle = self.module.register_forward_pre_hook(self._hook, with_kwargs=True) if self.on else None
+        return self
+
+    def __exit__(self, *exc):
+        if self.handle is not None:
+            self.handle.remove()
+
+
 class ImagePreprocessor:
     """Picklable callable list[PIL.Image] -> pixel_values [B, 3, H, W] float32, via the model's
     saved image processor (so resize/crop/normalisation match training)."""
@@ -147,7 +165,8 @@ class HFDualEncoder(Backbone):
             pv = pixel_values.to(self.device, non_blocking=True)
             if self.channels_last:
                 pv = pv.contiguous(memory_format=torch.channels_last)
-            out = self.net.vision_model(pixel_values=pv, return_dict=True, output_hidden_states=want_layer)
+            with self._final("image", extras) as cap:
+                out = self.net.vision_model(pixel_values=pv, return_dict=True, output_hidden_states=want_layer)
             pooled = out.pooler_output
             vec = self.vproj(pooled) if self.vproj is not None else pooled
             res = {"vectors": _np(_l2(vec))}
@@ -156,13 +175,16 @@ class HFDualEncoder(Backbone):
             if "patch_states" in extras:
                 h = out.hidden_states[layer] if want_layer else out.last_hidden_state
                 res["patch_states"] = _np(patch_grid(h))
+            if cap.on:
+                res["final_input"] = _np(cap.x.contiguous())
         return res
 
     def encode_tokens(self, batch, extras=()):
         import torch
         inp = {k: v.to(self.device) for k, v in batch.items() if k in self._text_args}
         with torch.inference_mode():
-            out = self.net.text_model(**inp, return_dict=True)
+            with self._final("text", extras) as cap:
+                out = self.net.text_model(**inp, return_dict=True)
             pooled = out.pooler_output
             vec = self.tproj(pooled) if self.tproj is not None else pooled
             res = {"vectors": _np(_l2(vec))}
@@ -170,7 +192,32 @@ class HFDualEncoder(Backbone):
                 res["pre_projection"] = _np(pooled)
             if "token_states" in extras:
                 res.update(token_extras(batch, out.last_hidden_state, self.tokenizer.pad_token_id))
+            if cap.on:
+                mask = batch.get("attention_mask")
+                mask = batch["input_ids"] != self.tokenizer.pad_token_id if mask is None else mask
+                res.update(final_input=_np(cap.x), final_mask=mask.cpu().numpy().astype(np.uint8))
         return res
+
+    def final_layer_spec(self, modality: str) -> dict:
+        """The final layer of the text or image tower (final_layer.final_layer_spec; InputError for
+        towers of no known kind, e.g. CLIP's and SigLIP's for now)."""
+        from .final_layer import final_layer_spec
+        part = "text_model" if modality == "text" else "vision_model"
+        spec = final_layer_spec(getattr(self.net, part), modality)
+        return {**spec, "modules": [f"{part}.{m}" for m in spec["modules"]]}
+
+    def final_layer_weights(self, modality: str):
+        """A FinalLayer copy (final_layer.py) of the `modality` tower's final layer, with its weights."""
+        from .final_layer import FinalLayer
+        layer = FinalLayer(self.final_layer_spec(modality))
+        layer.load_from(self.net.text_model if modality == "text" else self.net.vision_model)
+        return layer
+
+    def _final(self, modality: str, extras) -> _Capture:
+        from .final_layer import entry_module
+        on = "final_input" in extras
+        tower = self.net.text_model if modality == "text" else self.net.vision_model
+        return _Capture(entry_module(tower, self.final_layer_spec(modality)) if on else None, on)
 
     def image_tower(self):
         return self.net.vision_model

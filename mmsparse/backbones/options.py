@@ -74,8 +74,17 @@ class EncodeOptions:
                                 "token_mask and token_ids (L = max caption tokens).", panel=EXTRAS)
     patch_states: bool = option(False, "Images: also store patch states patch_states [N, P, h] of hidden layer "
                                 "--layer.", panel=EXTRAS)
+    final_layer_inputs: bool = option(False, "Also store what enters each tower's final layer (dataset final_input, "
+                                      "as --states-dtype), which `train-head --method joint` tunes: captions the "
+                                      "hidden states entering the last transformer layer [N, L, h] plus final_mask "
+                                      "[N, L] (L = max caption tokens; MiniLM: 64 x 384, 48 KiB per caption in "
+                                      "float16); images the feature map entering the final block [N, C, H, W] "
+                                      "(EfficientNet: what feeds the top convolution, Lite0 at 224 px 320 x 7 x 7, "
+                                      "30.6 KiB per image in float16). Towers: BERT-like text, EfficientNet image; "
+                                      "other backbones (blip, albef, clip, siglip) refuse it.", panel=EXTRAS)
     layer: int = option(-1, "Vision hidden layer for --patch-states (-1 = last, 0 = embeddings).", panel=EXTRAS)
-    states_dtype: str = option("float16", "Storage dtype of token/patch states: float16 or float32.",
+    states_dtype: str = option("float16", "Storage dtype of token/patch states and final-layer inputs: float16 or "
+                               "float32 (twice the bytes).",
                                choices=("float32", "float16"), panel=EXTRAS)
     force: bool = option(False, "Re-encode even when an output already holds the same settings and inputs "
                          "(otherwise it is kept). Interrupted runs resume either way.")
@@ -105,6 +114,7 @@ class EncodeOptions:
 
     def extras(self, kind: str) -> tuple[str, ...]:
         """The extra datasets asked for that files of `kind` (images | captions) hold, in the
-        fixed order pre_projection, token_states / patch_states."""
+        fixed order pre_projection, token_states / patch_states, final_input."""
         own = "patch_states" if kind == "images" else "token_states"
-        return tuple(e for e in ("pre_projection", own) if getattr(self, e))
+        return tuple(e for e in ("pre_projection", own) if getattr(self, e)) + (
+            ("final_input",) if self.final_layer_inputs else ())

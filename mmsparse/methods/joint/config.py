@@ -17,7 +17,24 @@ class JointConfig(D2SConfig):
     """D2S's fields (with joint's defaults) plus eq. 2-3's weights and the dense projections'."""
 
     sparsify_options = {"dense_out": (None, "Joint heads: also write the tuned dense vectors here (default: OUT "
-                                            "without .h5 + '.dense.h5'). DENSE must hold pre_projection states.", Path)}
+                                            "without .h5 + '.dense.h5'). DENSE must hold the states the head was "
+                                            "trained on: final_input (encode-dense --final-layer-inputs) or "
+                                            "pre_projection (--pre-projection).", Path)}
+
+    dense_side: str = option("final-layer", "What of the dense encoders is trained with the head: final-layer = "
+                             "each tower's final layer and its projection, run on the stored final-layer inputs "
+                             "(files of `encode-dense --final-layer-inputs`; the model the files name is loaded "
+                             "once, by its fingerprint, for the layers' weights). Final layer: BERT-like text towers "
+                             "= the last transformer layer + pooler; EfficientNet image towers = top conv + batch "
+                             "norm (frozen statistics) + activation + pooling; blip/albef/clip/siglip: not yet "
+                             "(use pre-projection). pre-projection = the projections only, over pooled "
+                             "pre-projection states (files of --pre-projection; faster, not the paper's method).",
+                             choices=("final-layer", "pre-projection"), paper="final-layer (§2, Fig. 1)")
+    tune_final_layer: bool = option(True, "Train the copies of the towers' final layers (--freeze-final-layer keeps "
+                                    "the backbone's; with --freeze-projection too the dense side is frozen: paper "
+                                    "Table 3, row 1).", flag="--tune-final-layer/--freeze-final-layer")
+    final_lr: float = option(1e-5, "AdamW peak learning rate of the final layers (no weight decay; the paper "
+                             "gives none).", min=0.0)
 
     epochs: int = option(5, "Passes over the training data.", min=1)
     lr: float = option(1e-3, "AdamW peak learning rate of the sparse head and τ.", min=0.0)

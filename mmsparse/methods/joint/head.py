@@ -7,9 +7,14 @@ projection layers and a learnable temperature.
     z   = log(1 + ReLU(f(h)))                 eq. 1, f = the D2S head (W1, LN, W2 <- word embeddings)
     s_dense = <h_t, h_i> / τ,   s_sparse = <z_t, z_i>,   s_inter = w1 s_dense + w2 s_sparse
 
+With final layers (the paper's setting, config "final_layers"), p itself is computed by a tuned
+copy of each tower's final layer (mmsparse.backbones.final_layer.FinalLayer) from what enters that
+layer (`final_input` of `encode-dense --final-layer-inputs`): p = final(x), h = normalize(W p).
+
 `forward(h)` is the D2S forward on already projected vectors, so the head is a drop-in SparseHead;
-`project(p, modality)` applies the tuned projections to stored pre-projection states (the
-`pre_projection` dataset of `encode-dense --pre-projection`).
+`project(p, modality)` applies the tuned projections to pre-projection states (the
+`pre_projection` dataset of `encode-dense --pre-projection`); `dense(x, modality, mask)` runs
+the final layer (if the head has one) and the projection.
 """
 
 from __future__ import annotations
@@ -40,6 +45,35 @@ class JointHead(D2SHead):
         super().__init__(config, vocab)
         if "image_dim" in config:          # absent only inside D2SHead.from_vocab (see from_backbone)
             self._build_projections()
+        if config.get("final_layers"):     # {"text": spec, "image": spec} (backbones/final_layer.py)
+            self._build_final_layers()
+
+    def _build_final_layers(self) -> None:
+        from ...backbones.final_layer import FinalLayer
+        spec = self.config["final_layers"]
+        self.text_final, self.image_final = FinalLayer(spec["text"]), FinalLayer(spec["image"])
+
+    @property
+    def has_final(self) -> bool:
+        """Whether the dense vectors are computed through tuned final layers (final_input files)."""
+        return bool(self.config.get("final_layers"))
+
+    def set_final_layers(self, text, image, source: dict, tuned: bool) -> None:
+        """Attach copies of the towers' final layers (FinalLayer with weights) and record them in
+        the config: final_layers {"text": spec, "image": spec} (spec["modules"] names the backbone
+        modules), final_layers_source {"model", "model_fingerprint"}, final_layers_tuned."""
+        self.config.update(final_layers={"text": text.spec, "image": image.spec}, final_layers_source=dict(source),
+                           final_layers_tuned=bool(tuned))
+        self.text_final, self.image_final = text, image
+
+    def pool(self, x: torch.Tensor, modality: str, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Final-layer input x (text [B, L, h] with mask [B, L]; image [B, C, H, W]; any float
+        dtype) -> pre-projection state p [B, h_txt or h_img] float32 through the tuned final layer."""
+        return (self.text_final(x, mask) if modality == "text" else self.image_final(x)) if self.has_final else x
+
+    def dense(self, x: torch.Tensor, modality: str, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """h [B, d] float32, L2-normalised: project(pool(x)) (final-layer heads) or project(x)."""
+        return self.project(self.pool(x, modality, mask), modality)
 
     def _build_projections(self) -> None:
         c = self.config

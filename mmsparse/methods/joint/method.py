@@ -5,7 +5,7 @@ sparse head together with copies of the backbone's final projections (head.py), 
 (loss.py). Expansion control masks the caption sparse vectors as in D2S. An epoch (default)
 visits every image once with one of its captions drawn at random, so a batch holds distinct pairs
 as eq. 2 assumes; --all-captions walks every caption instead. Sparsify re-projects the stored
-pre-projection states with the tuned projections, writes those dense vectors, and sparsifies them.
+stored states through the tuned layers, writes those dense vectors, and sparsifies them.
 """
 
 from __future__ import annotations
@@ -38,17 +38,95 @@ from .loss import joint_loss
 class StatePairs:
     """A split's pairs (PairData: vectors = the backbone's own projected vectors) plus
     pre_img [Ni, h_img] / pre_cap [Nc, h_txt] float32 pre-projection states and the backbone's
-    projection weights proj {"image_proj_weight" [d, h_img], "text_proj_weight" [d, h_txt], ...}."""
+    projection weights proj {"image_proj_weight" [d, h_img], "text_proj_weight" [d, h_txt], ...}.
+    final=True: pre_img [Ni, C, H, W] / pre_cap [Nc, L, h_txt] (float16 or float32) are instead the
+    final layers' inputs, with mask_cap [Nc, L] uint8 (then proj may be empty)."""
 
     pairs: PairData
     pre_img: torch.Tensor
     pre_cap: torch.Tensor
     proj: dict
+    mask_cap: torch.Tensor | None = None
+    final: bool = False
 
     def to(self, device) -> "StatePairs":
         self.pairs.to(device)
         self.pre_img, self.pre_cap = self.pre_img.to(device), self.pre_cap.to(device)
+        if self.mask_cap is not None:
+            self.mask_cap = self.mask_cap.to(device)
         return self
+
+    def rows(self, idx, modality: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(states, mask or None) of rows `idx` (an index tensor or a slice) of one modality."""
+        if modality == "image":
+            return self.pre_img[idx], None
+        return self.pre_cap[idx], None if self.mask_cap is None else self.mask_cap[idx]
+
+
+FLAG = "--final-layer-inputs"
+
+
+def read_final(path: str | Path) -> tuple[np.ndarray, np.ndarray | None, dict]:
+    """(final_input [N, ...] as stored (float16 by default), final_mask [N, L] uint8 or None for
+    images, the file's final-layer description). Caption states are cut to the longest caption
+    (positions past it are padding in every row). Raises InputError when the file lacks them."""
+    with open_read(path) as f:
+        if "final_input" not in f:
+            raise InputError(f"{path}: no 'final_input' dataset; --method joint tunes the towers' final layers on "
+                             f"their stored inputs: re-encode with `mmsparse encode-dense {FLAG}` (or train with "
+                             "--dense-side pre-projection on --pre-projection files)")
+        spec = json.loads(str(f.attrs.get("final_layer", "{}")))
+        if "final_mask" in f:
+            mask = f["final_mask"][()]
+            n = max(1, int(mask.sum(1).max())) if len(mask) else 1
+            return f["final_input"][:, :n], mask[:, :n], spec
+        return f["final_input"][()], None, spec
+
+
+def load_final_pairs(images: str | Path, captions: str | Path, qrels: str | Path | None = None) -> StatePairs:
+    """Pairs + final-layer inputs of one split (StatePairs with final=True). InputError as read_final,
+    or when the row counts differ from the ids."""
+    pairs = load_pairs(images, captions, qrels)
+    x_i, _, _ = read_final(images)
+    x_c, m_c, _ = read_final(captions)
+    for x, n, path in ((x_i, len(pairs.img_ids), images), (x_c, len(pairs.cap_ids), captions)):
+        if x.shape[0] != n:
+            raise InputError(f"{path}: final_input has {x.shape[0]} rows for {n} ids; re-encode the file")
+    return StatePairs(pairs, torch.from_numpy(x_i), torch.from_numpy(x_c), {}, torch.from_numpy(m_c), True)
+
+
+def backbone_final_layers(attrs: dict, path: str | Path) -> tuple[object, object, dict]:
+    """(text FinalLayer, image FinalLayer, projection weights) of the model a final-input file names:
+    loaded from its `model` path and checked against its `model_fingerprint` and `final_layer`
+    description. InputError when the model is missing, changed, or has other final layers."""
+    from ...backbones.base import backbone_from_attrs
+    bb = backbone_from_attrs(attrs)
+    want = attrs.get("model_fingerprint")
+    if want and bb.fingerprint() and bb.fingerprint() != want:
+        raise InputError(f"{path}: the model at {attrs['model']} is not the one that encoded this file (fingerprint "
+                         f"{bb.fingerprint()} != model_fingerprint {want}); re-encode with {FLAG}")
+    stored = json.loads(str(attrs.get("final_layer", "{}")))
+    if stored.get("modules") and stored["modules"] != bb.final_layer_spec("text")["modules"]:
+        raise InputError(f"{path}: final_layer names modules {stored['modules']}, the model's are "
+                         f"{bb.final_layer_spec('text')['modules']}; re-encode with {FLAG}")
+    return bb.final_layer_weights("text"), bb.final_layer_weights("image"), bb.projections()
+
+
+def check_reproduces(head, data: StatePairs, path: str | Path, tol: float = 5e-3) -> None:
+    """InputError unless the head's dense vectors of the first rows equal the stored `vectors`
+    (within `tol`: float16 states): the weights are the ones that made the file."""
+    head.eval()
+    for side, vec in (("image", data.pairs.z_img), ("text", data.pairs.z_cap)):
+        k = min(64, vec.shape[0])
+        if not k:
+            continue
+        x, m = data.rows(slice(0, k), side)
+        with torch.no_grad():
+            h = head.dense(x, side, m) if data.final else head.project(x, side)
+        err = float((h - vec[:k]).abs().max())
+        if err > tol:
+            raise InputError(f"{path}: the {side} final layer and projection reproduce `vectors` only within {err:.3g}; "
+                             f"the model is not the one that encoded the file: re-encode with {FLAG}")
 
 
 def read_states(path: str | Path) -> tuple[np.ndarray, dict]:
@@ -95,12 +173,41 @@ def project_all(head, pre: torch.Tensor, modality: str, batch: int = 4096) -> to
         if pre.shape[0] else torch.zeros(0, head.dim)
 
 
+def dense_rows(head, data: StatePairs, idx, modality: str) -> torch.Tensor:
+    """Tuned dense vectors [len(idx), d] of rows `idx`: through the final layer when `data` holds
+    final-layer inputs, else the projection of pre-projection states."""
+    x, m = data.rows(idx, modality)
+    return head.dense(x, modality, m) if data.final else head.project(x, modality)
+
+
+@torch.no_grad()
+def dense_all(head, data: StatePairs, modality: str, batch: int = 512) -> torch.Tensor:
+    """Tuned dense vectors [N, d] of every row of one modality."""
+    n = (data.pre_img if modality == "image" else data.pre_cap).shape[0]
+    return torch.cat([dense_rows(head, data, slice(s, s + batch), modality) for s in range(0, n, batch)]) \
+        if n else torch.zeros(0, head.dim)
+
+
+@torch.no_grad()
+def pooled(head, data: StatePairs) -> StatePairs:
+    """`data` with its final-layer inputs replaced by the (frozen) final layers' outputs: the
+    pre-projection states, computed once (training with --freeze-final-layer)."""
+    p = {}
+    for m, n in (("image", data.pre_img.shape[0]), ("text", data.pre_cap.shape[0])):
+        parts = []
+        for s in range(0, n, 512):
+            x, mask = data.rows(slice(s, s + 512), m)
+            parts.append(head.pool(x, m, mask))
+        p[m] = torch.cat(parts)
+    return StatePairs(data.pairs, p["image"], p["text"], data.proj)
+
+
 @torch.no_grad()
 def evaluate_joint(head, data: StatePairs, query_mode: str = "expand") -> dict:
     """Sparse caption->image figures of the tuned vectors (evaluate_head) with the dense figures
     of the tuned projections under "dense" (brute force)."""
     head.eval()
-    hi, hc = project_all(head, data.pre_img, "image"), project_all(head, data.pre_cap, "text")
+    hi, hc = dense_all(head, data, "image"), dense_all(head, data, "text")
     sparse = evaluate_head(head, replace(data.pairs, z_img=hi, z_cap=hc), query_mode)
     return {**sparse, "dense": dense_retrieval_metrics(hc.cpu().numpy(), hi.cpu().numpy(),
                                                        data.pairs.cap_img.cpu().numpy())}
@@ -117,22 +224,35 @@ class Joint(D2S):
         cfg = self.cfg
         if cfg.center != "none":
             raise InputError("--center: joint heads train the projections themselves; use --center none")
-        check_inputs(inputs, "use files encoded with the same backbone and model (encode-dense --pre-projection)")
-        train = load_state_pairs(inputs.train_images, inputs.train_captions, inputs.qrels)
-        val = load_state_pairs(inputs.val_images, inputs.val_captions, inputs.val_qrels) if inputs.val_images else None
+        final = cfg.dense_side == "final-layer"
+        flag = FLAG if final else "--pre-projection"
+        check_inputs(inputs, f"use files encoded with the same backbone and model (encode-dense {flag})")
+        load = load_final_pairs if final else load_state_pairs
+        train = load(inputs.train_images, inputs.train_captions, inputs.qrels)
+        val = load(inputs.val_images, inputs.val_captions, inputs.val_qrels) if inputs.val_images else None
         voc = load_vocab(cfg.vocab_model, train.pairs.attrs_cap)
         train.pairs.tokenize(voc.tokenizer)
         voc = restrict_to_frequent(voc, train.pairs.raw_ids, cfg.vocab_min_df)
         self.training = training_record(inputs, train.pairs.attrs_cap, vocab_min_df=cfg.vocab_min_df)
+        if final:   # the layers' weights from the model the files name (checked by fingerprint)
+            text_l, image_l, train.proj = backbone_final_layers(train.pairs.attrs_cap, inputs.train_captions)
         torch.manual_seed(cfg.seed)
         head = JointHead.from_backbone(voc, train.proj, self.training, init_bias=cfg.init_bias, tau_init=cfg.tau_init)
+        if final:
+            a = train.pairs.attrs_cap
+            head.set_final_layers(text_l, image_l, {k: a[k] for k in ("model", "model_fingerprint") if k in a},
+                                  cfg.tune_final_layer)
+            check_reproduces(head, train, inputs.train_captions)
+            if not cfg.tune_final_layer:   # frozen: the pooled states once, then as --dense-side pre-projection
+                train = pooled(head, train)
+                val = pooled(head, val) if val is not None else None
         cols = head.token_ids.numpy()
         train.pairs.set_columns(cols)
         if val is not None:
             val.pairs.tokenize(voc.tokenizer)
             val.pairs.set_columns(cols)
         self.fingerprint = {"inputs": dict(self.training), "vocab_size": len(voc.terms),
-                            "n_captions": len(train.pairs.cap_ids)}
+                            "n_captions": len(train.pairs.cap_ids), "dense_side": cfg.dense_side}
         self.pec = ExpansionControl(cfg.expansion, document_frequency(train.pairs.token_ids, len(voc.terms)),
                                     cfg.epochs, cfg.mask_caption_terms, cfg.pec_end)
         self._order(train)
@@ -152,16 +272,21 @@ class Joint(D2S):
 
     def param_groups(self, head) -> list[dict]:
         """W1 (lr) and the vocabulary LayerNorm + W2 (vocab_lr), with weight decay; τ (lr, no decay);
-        the projections (proj_lr, no decay; frozen with --freeze-projection)."""
+        the projections (proj_lr, no decay; frozen with --freeze-projection); the final layers
+        (final_lr, no decay; frozen with --freeze-final-layer)."""
         cfg = self.cfg
         proj = [*head.image_proj.parameters(), *head.text_proj.parameters()]
         for p in proj:
             p.requires_grad_(cfg.tune_projection)
+        final = [*head.text_final.parameters(), *head.image_final.parameters()] if head.has_final else []
+        for p in final:
+            p.requires_grad_(cfg.tune_final_layer)
         vocab = [*head.norm.parameters(), *head.w2.parameters()]
         return [{"params": list(head.w1.parameters()), "lr": cfg.lr, "weight_decay": cfg.weight_decay},
                 {"params": vocab, "lr": cfg.vocab_lr, "weight_decay": cfg.weight_decay},
                 {"params": [head.log_tau], "lr": cfg.lr, "weight_decay": 0.0},
-                {"params": [p for p in proj if p.requires_grad], "lr": cfg.proj_lr, "weight_decay": 0.0}]
+                {"params": [p for p in proj if p.requires_grad], "lr": cfg.proj_lr, "weight_decay": 0.0},
+                {"params": [p for p in final if p.requires_grad], "lr": cfg.final_lr, "weight_decay": 0.0}]
 
     def steps_per_epoch(self, train: StatePairs) -> int:
         n = len(self.images) if self.cfg.caption_per_image else train.pre_cap.shape[0]
@@ -184,8 +309,8 @@ class Joint(D2S):
         v = int(head.config["vocab_size"])
         idx = idx.to(train.pre_cap.device)
         uimg, pos = torch.unique(train.pairs.cap_img[idx], return_inverse=True)
-        h_cap = head.project(train.pre_cap[idx], "text")
-        h_img = head.project(train.pre_img[uimg], "image")
+        h_cap = dense_rows(head, train, idx, "text")
+        h_img = dense_rows(head, train, uimg, "image")
         z = head(torch.cat([h_cap, h_img]))          # one sparse head for both modalities (eq. 1)
         z_cap, z_img = z[: len(idx)], z[len(idx):]
         m = self.pec.mask(indicator(train.pairs.tok[idx], v), generator)
@@ -214,7 +339,8 @@ class Joint(D2S):
 
     @classmethod
     def sparsify(cls, head, head_dir, dense, out, mode, options, batch_size, progress):
-        """Re-project DENSE's pre_projection states with the tuned projections, write them
+        """Recompute DENSE's dense vectors through the tuned final layers and projections (from its
+        final_input, or its pre_projection for a projections-only head), write them
         (options["dense_out"], default OUT without .h5 + '.dense.h5'), then sparsify them as D2S."""
         dense_out = options.get("dense_out") or Path(str(out).removesuffix(".h5") + ".dense.h5")
         tuned = tuned_dense(head, dense, dense_out, head_dir=head_dir)
@@ -223,27 +349,33 @@ class Joint(D2S):
         return res
 
 
-def tuned_dense(head, src: str | Path, out: str | Path, batch: int = 4096, head_dir: str | Path | None = None) -> Path:
-    """Write the joint head's dense vectors of a pre-projection file `src` (images or captions) to
-    `out`: same ids / texts / image_ids / attributes, vectors = head.project(pre_projection).
-    Returns `out`. Raises InputError when `src` has no pre-projection states."""
+def tuned_dense(head, src: str | Path, out: str | Path, batch: int = 512, head_dir: str | Path | None = None) -> Path:
+    """Write the joint head's dense vectors [N, d] float32 of `src` (images or captions) to `out`:
+    same ids / texts / image_ids / attributes, vectors = head.dense(final_input, final_mask) for
+    heads with final layers, head.project(pre_projection) otherwise. Returns `out`. Raises
+    InputError when `src` lacks those states (naming the encode-dense flag that stores them)."""
     attrs = read_dense_attrs(src)
     modality = attrs["modality"]
     keep = {k: attrs[k] for k in ("modality", "backbone", "model", "model_fingerprint", "dataset", "split")
             if k in attrs}
-    keep.update(normalized=True, pre_projection_source=str(Path(src).resolve()),
+    keep.update(normalized=True, states_source=str(Path(src).resolve()),
                 joint_head=str(Path(head_dir).resolve()) if head_dir else "")
+    final = head.has_final
+    key = "final_input" if final else "pre_projection"
     with open_read(src) as f:
-        if "pre_projection" not in f:
-            raise InputError(f"{src}: no 'pre_projection' dataset; a joint head re-projects pre-projection states: "
-                             "use the file written by `encode-dense --pre-projection`")
+        if key not in f:
+            how = f"encode-dense {FLAG}" if final else "encode-dense --pre-projection"
+            raise InputError(f"{src}: no {key!r} dataset; this joint head recomputes dense vectors from it: use the "
+                             f"file written by `{how}`")
         n = f["ids"].shape[0]
         texts, img_ids = "texts" in f, "image_ids" in f
+        masked = final and "final_mask" in f
         with DenseWriter(out, head.dim, keep, with_texts=texts) as w:
             for s in range(0, n, batch):
-                pre = torch.from_numpy(f["pre_projection"][s:s + batch].astype(np.float32))
+                x = torch.from_numpy(f[key][s:s + batch])
+                m = torch.from_numpy(f["final_mask"][s:s + batch]) if masked else None
                 with torch.no_grad():
-                    h = head.project(pre, modality).numpy()
+                    h = (head.dense(x, modality, m) if final else head.project(x.float(), modality)).numpy()
                 w.append(read_strings(f["ids"][s:s + batch]), h,
                          read_strings(f["texts"][s:s + batch]) if texts else None,
                          read_strings(f["image_ids"][s:s + batch]) if img_ids else None)
@@ -267,3 +399,19 @@ def grid_table(head_dirs: list[str | Path]) -> str:
                if (r, c) in cells else "-" for c in cols]
         lines.append(f"| {r:g} | " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
+
+
+def se_table(items: list[str]) -> str:
+    """Markdown table of `mmsparse eval` JSON files given as "label=path": R@1, R@5, R@10 x100 each
+    with its standard error sqrt(p(1 - p) / n) over the n queries (R@k is 0 or 1 per query; captions
+    of one image are treated as independent, so the error is a lower bound), and FLOPs."""
+    lines = ["| run | R@1 | R@5 | R@10 | FLOPs |", "|---|---:|---:|---:|---:|"]
+    for item in items:
+        label, _, path = item.rpartition("=")
+        r = json.loads(Path(path).read_text(encoding="utf-8"))
+        n = int(r.get("queries") or 0)
+        cells = [f"{100 * r[k]:.1f} ± {100 * math.sqrt(r[k] * (1 - r[k]) / n):.1f}" if n else f"{100 * r[k]:.1f}"
+                 for k in ("R@1", "R@5", "R@10")]
+        flops = f"{r['FLOPs']:.2f}" if r.get("FLOPs") is not None else "–"
+        lines.append(f"| {label or path} | " + " | ".join(cells) + f" | {flops} |")
+    return "\n".join(lines) + f"\n\nx100 ± standard error over {n} queries\n"
