@@ -166,13 +166,6 @@ def load_state_pairs(images: str | Path, captions: str | Path, qrels: str | Path
     return StatePairs(pairs, torch.from_numpy(pre_i), torch.from_numpy(pre_c), proj)
 
 
-@torch.no_grad()
-def project_all(head, pre: torch.Tensor, modality: str, batch: int = 4096) -> torch.Tensor:
-    """Tuned dense vectors [N, d] of pre-projection states [N, h]."""
-    return torch.cat([head.project(pre[s:s + batch], modality) for s in range(0, pre.shape[0], batch)]) \
-        if pre.shape[0] else torch.zeros(0, head.dim)
-
-
 def dense_rows(head, data: StatePairs, idx, modality: str) -> torch.Tensor:
     """Tuned dense vectors [len(idx), d] of rows `idx`: through the final layer when `data` holds
     final-layer inputs, else the projection of pre-projection states."""
@@ -180,25 +173,28 @@ def dense_rows(head, data: StatePairs, idx, modality: str) -> torch.Tensor:
     return head.dense(x, modality, m) if data.final else head.project(x, modality)
 
 
-@torch.no_grad()
-def dense_all(head, data: StatePairs, modality: str, batch: int = 512) -> torch.Tensor:
-    """Tuned dense vectors [N, d] of every row of one modality."""
+def _by_batch(fn, data: StatePairs, modality: str, batch: int = 512) -> list[torch.Tensor]:
+    """fn(rows) for consecutive slices of `batch` rows of one modality's states."""
     n = (data.pre_img if modality == "image" else data.pre_cap).shape[0]
-    return torch.cat([dense_rows(head, data, slice(s, s + batch), modality) for s in range(0, n, batch)]) \
-        if n else torch.zeros(0, head.dim)
+    return [fn(slice(s, s + batch)) for s in range(0, n, batch)]
+
+
+@torch.no_grad()
+def dense_all(head, data: StatePairs, modality: str) -> torch.Tensor:
+    """Tuned dense vectors [N, d] of every row of one modality."""
+    parts = _by_batch(lambda rows: dense_rows(head, data, rows, modality), data, modality)
+    return torch.cat(parts) if parts else torch.zeros(0, head.dim)
 
 
 @torch.no_grad()
 def pooled(head, data: StatePairs) -> StatePairs:
     """`data` with its final-layer inputs replaced by the (frozen) final layers' outputs: the
     pre-projection states, computed once (training with --freeze-final-layer)."""
-    p = {}
-    for m, n in (("image", data.pre_img.shape[0]), ("text", data.pre_cap.shape[0])):
-        parts = []
-        for s in range(0, n, 512):
-            x, mask = data.rows(slice(s, s + 512), m)
-            parts.append(head.pool(x, m, mask))
-        p[m] = torch.cat(parts)
+    def pool_rows(rows, modality):
+        x, mask = data.rows(rows, modality)
+        return head.pool(x, modality, mask)
+
+    p = {m: torch.cat(_by_batch(lambda rows, m=m: pool_rows(rows, m), data, m)) for m in ("image", "text")}
     return StatePairs(data.pairs, p["image"], p["text"], data.proj)
 
 
