@@ -287,6 +287,7 @@ class _EncodePart:
         import torch
 
         from .backbones.encode import image_batches
+        from .backbones.shapes import encode_pixel_batch
         from .runtime import autocast
 
         skipped, rows = [], 0
@@ -299,7 +300,7 @@ class _EncodePart:
                 skipped += [list(b) for b in bad]
                 if ids:
                     with autocast(self.bb.device, self.precision):
-                        res = self.bb.encode_pixels(pv, (), -1)
+                        res = encode_pixel_batch(self.bb, pv, self.batch_size)
                     w.append(list(ids), res["vectors"].astype(np.float32))
                     rows += len(ids)
         return rows, skipped
@@ -307,6 +308,7 @@ class _EncodePart:
     def _captions(self, records, path):
         import torch
 
+        from .backbones.shapes import encode_token_batch
         from .runtime import autocast
 
         vec = np.zeros((len(records), self.bb.dim), np.float32)
@@ -315,7 +317,7 @@ class _EncodePart:
             for s in range(0, len(order), self.batch_size):
                 at = order[s:s + self.batch_size]
                 with autocast(self.bb.device, self.precision):
-                    res = self.bb.encode_tokens(self.bb.tokenize([records[i].text for i in at]), ())
+                    res = encode_token_batch(self.bb, self.bb.tokenize([records[i].text for i in at]), self.batch_size)
                 vec[at] = res["vectors"].astype(np.float32)
         with self._writer(path, "captions") as w:
             if records:

@@ -34,7 +34,8 @@ in the calling process), batches go through pinned memory on CUDA, `precision` b
 encoders under autocast (CUDA, or bf16 on a CPU with AMX/AVX512-BF16: mmsparse.runtime), entered
 once per file so cast weights are reused across batches (vectors are still normalised and stored
 as float32/`dtype`), and `memory_format` lays convolutional image towers out channels-last where
-that is faster (Backbone.set_memory_format). Progress goes to a `mmsparse.progress.Reporter` (one
+that is faster (Backbone.set_memory_format). On CUDA every batch is padded to one shape (shapes.py:
+a new shape costs seconds of kernel set-up there). Progress goes to a `mmsparse.progress.Reporter` (one
 task per output file; resume messages as log lines); nothing here prints.
 """
 
@@ -61,6 +62,7 @@ from ..provenance import check_input
 from ..runtime import autocast, default_workers, resolve_precision
 from .base import Backbone
 from .options import EncodeOptions
+from .shapes import encode_pixel_batch, encode_token_batch
 
 FINGERPRINT = "fingerprint.json"
 MERGE_ROWS = 256
@@ -439,7 +441,7 @@ def encode_images_file(backbone: Backbone, records: Sequence[ImageRecord], out: 
                                  f"or drop --strict to skip broken images")
             skipped += bad
             if ids:
-                res = backbone.encode_pixels(pv, ex, opts.layer)
+                res = encode_pixel_batch(backbone, pv, opts.batch_size, ex, opts.layer)
                 sw.strings("ids", ids)
                 sw.rows("vectors", res["vectors"].astype(np.float32))
                 for e in ex:
@@ -481,7 +483,7 @@ def encode_captions_file(backbone: Backbone, records: Sequence[CaptionRecord], o
         order = np.array(sorted(range(len(shard)), key=lambda i: len(shard[i].text)), dtype=np.int64)
         for s in range(0, len(order), bs):
             at = order[s:s + bs]
-            res = backbone.encode_tokens(backbone.tokenize([shard[i].text for i in at]), ex)
+            res = encode_token_batch(backbone, backbone.tokenize([shard[i].text for i in at]), bs, ex)
             if "token_states" in ex:
                 res = _pad_tokens(res, backbone.max_length, pad, sd)
             if "final_input" in ex:

@@ -63,8 +63,9 @@ class EncodeOptions:
                             "(autocast, CUDA only); auto (bf16 where it is native, else fp32; the run says which). "
                             "Vectors are stored as --dtype either way.", choices=PRECISIONS, panel=SPEED)
     memory_format: str = option("auto", "Layout of convolutional image towers: channels-last, contiguous, or auto "
-                                "(channels-last on CUDA and on CPUs with AVX-512, where it is faster; contiguous "
-                                "elsewhere). Transformer towers are unaffected.", choices=MEMORY_FORMATS,
+                                "(channels-last on CPUs with AVX-512, where it is faster; contiguous elsewhere: on "
+                                "CUDA its first batch costs seconds more and decoding bounds the stage anyway). "
+                                "Transformer towers are unaffected.", choices=MEMORY_FORMATS,
                                 panel=SPEED)
     dtype: str = option("float32", "Storage dtype of the vectors: float32 or float16.",
                         choices=("float32", "float16"))
