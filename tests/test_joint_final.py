@@ -145,3 +145,26 @@ def test_query_encodes_through_the_final_layers(final_run, tmp_path):
     want = {caps.vocab[j]: w for j, w in zip(*(a.tolist() for a in caps.row(0)))}
     got = {t["term"]: t["weight"] for t in r["terms"]}
     assert got.keys() == want.keys() and all(abs(got[t] - want[t]) < 1e-3 * max(1.0, want[t]) for t in want)
+
+
+def test_validation_curve_of_the_trained_head(final_run, tmp_path):
+    """`python -m mmsparse.methods.joint curve`: the head records the backbone's validation dense
+    figures before training and one validated epoch per epoch; the PNG is drawn from them."""
+    import subprocess
+    import sys
+
+    from PIL import Image
+
+    _, _, head_dir = final_run
+    t = json.loads((head_dir / "config.json").read_text())["training"]
+    assert 0 <= t["val_before"]["dense"]["R@1"] <= 1
+    assert [e["epoch"] for e in t["history"]] == [1, 2] and all("dense" in e["val"] for e in t["history"])
+    out = tmp_path / "curve.png"
+    p = subprocess.run([sys.executable, "-m", "mmsparse.methods.joint", "curve", str(head_dir), "--reference",
+                        str(head_dir), "-o", str(out)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    with Image.open(out) as im:
+        assert im.size[0] > 500 and im.size[1] > 500
+    p = subprocess.run([sys.executable, "-m", "mmsparse.methods.joint", "curve", str(tmp_path), "-o",
+                        str(tmp_path / "x.png")], capture_output=True, text=True)
+    assert p.returncode == 1 and "no train-head record" in p.stderr and not (tmp_path / "x.png").exists()

@@ -4,13 +4,15 @@
 #   make joint            the side-by-side table (original dense, joint dense, D2S sparse, joint sparse;
 #                         † = significant vs original dense), the Table 3 ablation and the w1 x w2 grid
 #   make joint-ablation   only the ablation;   make joint-grid   only the grid (validation R@1)
+#   make joint-curve      the full head's validation curve (plots/joint-curve.png)
 #
 # Inputs: $(JOINT_STATES)/{train,val,test}-{images,captions}.h5 from
 #   mmsparse encode-dense ... --final-layer-inputs -o $(JOINT_STATES)   (final_input [+ final_mask]: what
 #   enters each tower's final layer, float16; 30.6 KiB per image, 48 KiB per caption, 2.4 GB in all)
 # Heads: $(WORK)/heads/joint (full), joint-nodistill (no L'), joint-frozen (final layers and projections frozen),
 #        joint-grid-W1-W2 (grid cells, JOINT_GRID_FLAGS schedule).
-# Outputs: $(WORK)/eval/joint-dense.json, joint-sparse.json, joint-table.md, joint-ablation.md, joint-grid.md;
+# Outputs: $(WORK)/eval/joint-dense.json, joint-sparse.json, joint-table.md, joint-ablation.md, joint-grid.md,
+#          $(WORK)/plots/joint-curve.png (validation per epoch);
 #          tuned dense vectors in $(WORK)/dense/joint*/$(EVAL_SPLIT)-{images,captions}.h5.
 #   JOINT_FLAGS       train-head flags of every joint head (the schedule; see below)
 #   JOINT_GRID_FLAGS  flags of the grid cells (a shorter schedule: one epoch, 24 steps)
@@ -30,7 +32,7 @@ $(JOINT_DENSE) &: $(KARPATHY_JSON)
 # so early sparse scores do not swamp s_inter (the teacher). No expansion control (the paper's main setting;
 # PEC is its Fig. 2 left variant): with PEC the first epoch's captions keep only their own, mostly inactive
 # terms and the sparse loss barely moves. ~22 s per epoch on 2 idle cores (up to 90 s when shared).
-JOINT_FLAGS      ?= --epochs 10 --batch-size 256 --eta 3e-3 --l1-warmup 40 --init-bias -2 --expansion full \
+JOINT_FLAGS      ?= --epochs 15 --batch-size 256 --eta 2e-3 --l1-warmup 40 --init-bias -2 --expansion full \
                     --vocab-min-df 1 --final-lr 1e-4
 JOINT_GRID_FLAGS ?= --epochs 1 --l1-warmup 16
 JOINT_W1         ?= 0.1 1
@@ -92,8 +94,8 @@ $(WORK)/eval/joint-sparse.json: $(WORK)/eval/joint.expand.json
 
 JOINT_COLUMNS = --column R@1 --column R@5 --column R@10 --column RR@10 --column FLOPs --column query_terms --column doc_terms
 
-.PHONY: joint joint-table joint-ablation joint-grid joint-se
-joint: joint-table joint-ablation joint-grid joint-se
+.PHONY: joint joint-table joint-ablation joint-grid joint-se joint-curve
+joint: joint-table joint-ablation joint-grid joint-se joint-curve
 
 joint-table: $(WORK)/eval/dense.json $(WORK)/eval/joint-dense.json $(WORK)/eval/$(HEAD).expand.json $(WORK)/eval/joint-sparse.json
 	$(MMSPARSE) eval --table $^ --label "original dense" --label "joint dense" --label "D2S sparse" \
@@ -109,6 +111,11 @@ joint-ablation: $(WORK)/eval/dense.json $(WORK)/eval/joint-frozen.expand.json $(
 # paper Fig. 2 right: validation R@1 over w1 x w2 (short schedule)
 joint-grid: $(foreach h,$(JOINT_GRID),$(WORK)/heads/$(h)/config.json)
 	$(PYTHON) -m mmsparse.methods.joint grid $(dir $^) -o $(WORK)/eval/joint-grid.md
+
+# validation R@1 (sparse, dense) and FLOPs per epoch of the full head, against the main job's D2S head
+joint-curve: $(WORK)/plots/joint-curve.png
+$(WORK)/plots/joint-curve.png: $(WORK)/heads/joint/config.json $(WORK)/heads/$(HEAD)/config.json
+	$(PYTHON) -m mmsparse.methods.joint curve $(<D) --reference $(WORK)/heads/$(HEAD) -o $@
 
 # Tables 1-3 again with the standard error of each R@k (sqrt(p(1-p)/n) over the 5,000 queries)
 JOINT_SE_ROWS = "original dense=$(WORK)/eval/dense.json" "joint dense=$(WORK)/eval/joint-dense.json" \

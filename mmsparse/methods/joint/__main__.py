@@ -1,6 +1,8 @@
 """python -m mmsparse.methods.joint grid HEAD_DIR... [-o OUT.md]: the w1 x w2 validation table.
 python -m mmsparse.methods.joint se LABEL=EVAL_JSON... [-o OUT.md]: R@1, R@5, R@10 (x100) with their
-standard errors and FLOPs of `mmsparse eval` results (docs/joint.md, paper Tables 1-3)."""
+standard errors and FLOPs of `mmsparse eval` results (docs/joint.md, paper Tables 1-3).
+python -m mmsparse.methods.joint curve HEAD_DIR... [--reference HEAD_DIR] -o OUT.png: validation R@1
+(sparse, dense) and FLOPs per epoch of joint heads (docs/joint.md "Convergence")."""
 
 import sys
 
@@ -8,10 +10,28 @@ from ...atomic import write_text_atomic
 from .method import grid_table, se_table
 
 args = sys.argv[1:]
-if not args or args[0] not in ("grid", "se"):
-    sys.exit("usage: python -m mmsparse.methods.joint grid HEAD_DIR... | se LABEL=EVAL_JSON... [-o OUT.md]")
-out = args[args.index("-o") + 1] if "-o" in args else None
-rest = [x for x in args[1:] if x not in ("-o", out)]
+USAGE = ("usage: python -m mmsparse.methods.joint grid HEAD_DIR... | se LABEL=EVAL_JSON... [-o OUT.md] | "
+         "curve HEAD_DIR... [--reference HEAD_DIR] -o OUT.png")
+if not args or args[0] not in ("grid", "se", "curve"):
+    sys.exit(USAGE)
+opts, rest, it = {}, [], iter(args[1:])
+for x in it:   # "-o OUT" and "--reference DIR" take the next argument; the rest are positional
+    if x in ("-o", "--reference"):
+        opts[x] = next(it, None)
+    else:
+        rest.append(x)
+out, ref = opts.get("-o"), opts.get("--reference")
+if args[0] == "curve":
+    from ...errors import InputError
+    from .curve import curve_figure
+    if not out or not rest:
+        sys.exit(USAGE)
+    try:
+        curve_figure(rest, out, ref)
+    except InputError as e:
+        sys.exit(f"mmsparse: {e}")
+    print(f"wrote {out}")
+    sys.exit(0)
 table = grid_table(rest) if args[0] == "grid" else se_table(rest)
 print(table)
 if out:

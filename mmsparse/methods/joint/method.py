@@ -253,9 +253,11 @@ class Joint(D2S):
                                     cfg.epochs, cfg.mask_caption_terms, cfg.pec_end)
         self._order(train)
         self.l1_warm = warmup_steps(cfg.l1_warmup, self.steps_per_epoch(train) * cfg.epochs)
-        if val is not None and progress is not None:
+        if val is not None:   # the backbone's own figures, kept for the validation curve (curve.py)
             d0 = evaluate_joint(head, val)["dense"]
-            progress.log(f"before training: val dense R@1 {d0['R@1']:.4f} R@10 {d0['R@10']:.4f}")
+            self.training["val_before"] = {"dense": d0}
+            if progress is not None:
+                progress.log(f"before training: val dense R@1 {d0['R@1']:.4f} R@10 {d0['R@10']:.4f}")
         return head, train, val
 
     def _order(self, train: StatePairs) -> None:
