@@ -96,7 +96,7 @@ def test_loss_keeps_the_captions_sparse_and_equals_the_dense_product(method_data
         head.zero_grad()
         loss, parts = f(torch.Generator().manual_seed(4))
         loss.backward()
-        out.append((float(loss), parts, {k: p.grad.clone() for k, p in head.named_parameters() if p.grad is not None}))
+        out.append((float(loss.detach()), parts, {k: p.grad.clone() for k, p in head.named_parameters() if p.grad is not None}))
     (l0, p0, g0), (l1, p1, g1) = out
     assert l1 == pytest.approx(l0, rel=1e-5)
     assert all(p1[k] == pytest.approx(p0[k], rel=1e-4, abs=1e-7) for k in p0)
