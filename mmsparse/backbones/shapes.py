@@ -3,9 +3,9 @@
 Measured on one H200 (encode-dense of 6,000 images and 30,000 captions, batch 256; docs/speed.md):
 the first batch of a process takes 2-7 s (images; captions 0.3-1.4 s) and each later batch of a
 shape not seen before takes 0.1-2.8 s (cuDNN picks and builds kernels per shape: 2.7 s for the last,
-partial image batch in channels-last), against 17-39 ms for a batch of a known shape. Captions sorted by length give
-about 40 sequence lengths, each a new shape; under bf16 autocast they cost about 80 ms each, which
-made bf16 caption encoding slower than fp32 (3,482 vs 7,734 captions/s).
+partial image batch in channels-last), against 17-39 ms for a batch of a known shape. Captions
+sorted by length give about 40 sequence lengths, each a new shape; under bf16 autocast they cost
+about 80 ms each, which made bf16 caption encoding slower than fp32 (3,482 vs 7,734 captions/s).
 
 So on CUDA a batch is padded to the full batch size (repeating its last row) and caption tokens to
 a multiple of LENGTH_MULTIPLE (capped at the backbone's max_length), and the padded rows are cut
