@@ -499,6 +499,33 @@ def test_bench_milvus_job(tmp_path):
     assert sp_row["bytes_per_doc"] > 0 and sp_row["p50_ms"] > 0
 
 
+def test_endtoend_encoders_make_the_sparsify_queries(tmp_path, search_setup):
+    """The end-to-end job's D2S encoders (text -> text tower -> head) give, caption by caption, the
+    rows `sparsify` writes, for a head whose query side has a top-k gate (k = 4 here, below the
+    captions' own term counts): expanded queries keep the gate's k terms, caption-term queries every
+    own term (they skip the gate). Real Flickr8k captions, the real text tower and a real head."""
+    import shutil
+    from types import SimpleNamespace
+
+    import mmsparse
+    from mmsparse.bench.search import endtoend
+
+    head = tmp_path / "head"
+    shutil.copytree(search_setup["head"], head)
+    cfg = json.loads((head / "config.json").read_text())
+    (head / "config.json").write_text(json.dumps({**cfg, "query_top_k": 4}))
+    dq = search_setup["dense"] / "test-captions.h5"
+    sc = SimpleNamespace(head_dir=head, dq=dq, settings={})
+    for mode in ("expand", "caption-terms"):
+        f = read_sparse(mmsparse.sparsify(head, dq, query_mode=mode, out=tmp_path / f"{mode}.h5"))
+        encode = endtoend.ENCODERS[mode](sc, mode)
+        rows = [encode(t) for t in f.texts[:20]]
+        got = endtoend._csr(rows, f.matrix.shape[1])
+        assert endtoend.file_match(got, f.matrix[:20]) == 1.0, mode
+        nnz = np.diff(got.indptr)
+        assert (nnz <= 4).all() if mode == "expand" else (nnz > 4).mean() > 0.5, (mode, nnz)
+
+
 @pytest.mark.slow  # end-to-end job on real heads: ~50 s
 def test_endtoend_real_heads(tmp_path, search_setup):
     """The end-to-end job on real text: search_setup's 100 Flickr8k test images, 500 captions, the

@@ -98,8 +98,8 @@ def _d2s(sc: Scale, mode: str):
         col[tids] = np.arange(len(tids))
 
     def encode(text):
-        with torch.inference_mode():
-            s = head(torch.from_numpy(tower(text)[None]), side="text")[0].numpy()
+        with torch.inference_mode():   # caption-term queries skip the top-k gate, as sparsify's do
+            s = head(torch.from_numpy(tower(text)[None]), side="text", gate=mode != "caption-terms")[0].numpy()
         if mode == "caption-terms":
             ids = caption_token_ids(tok, [text])[0]
             c = np.unique(col[ids[ids < len(col)]])
