@@ -66,7 +66,8 @@ def init_ray(address: str | None, workers: int = 1, cpus_per_worker: float = 1) 
     """Start or join Ray. address: "local" (or None): a local instance with
     max(4, workers * cpus_per_worker + 2) logical CPUs; "auto": the cluster this machine belongs
     to; "ray://host:10001": a remote cluster through Ray Client. Workers never inherit the test
-    kill hook (MMSPARSE_TEST_KILL_AFTER), which is for the driver. Raises InputError if the
+    kill hook (MMSPARSE_TEST_KILL_AFTER), which is for the driver, and get runtime.worker_env()
+    (one malloc arena). Raises InputError if the
     cluster does not answer or Ray is not installed."""
     try:
         import ray
@@ -76,7 +77,10 @@ def init_ray(address: str | None, workers: int = 1, cpus_per_worker: float = 1) 
         _check_reachable(address)
     if ray.is_initialized():
         return
-    env = {"env_vars": {"MMSPARSE_TEST_KILL_AFTER": ""}}
+    from .runtime import worker_env
+
+    # one malloc arena in the workers (runtime.worker_env: their calls run on a worker thread)
+    env = {"env_vars": {"MMSPARSE_TEST_KILL_AFTER": "", **worker_env()}}
     for name in ("ray", "ray.data"):  # Ray's notices are not the user's business; errors still raise
         logging.getLogger(name).setLevel(logging.ERROR)
     try:

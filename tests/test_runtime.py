@@ -57,6 +57,47 @@ def test_import_keeps_freed_blocks_in_the_process():
     mine = _python(FAULTS, MALLOC_TRIM_THRESHOLD_="1000000", MMSPARSE_MALLOC="")
     assert mine["tuned"]["skipped"] == "MALLOC_TRIM_THRESHOLD_ set in the environment"
 
+# The same on a worker thread (as a Ray actor's calls run), with 96 MiB blocks: above the 64 MiB
+# heaps of a thread's own arena.
+THREAD_FAULTS = """
+import json, resource, threading, torch
+import mmsparse
+out = {}
+def work():
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(40):
+        a = torch.empty(96 << 20, dtype=torch.uint8).fill_(1)
+        del a
+    out["faults"] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+t = threading.Thread(target=work)
+t.start()
+t.join()
+print(json.dumps(out))
+"""
+
+
+@GLIBC
+def test_worker_env_keeps_freed_blocks_on_worker_threads(monkeypatch):
+    """A worker thread's blocks above 64 MiB are mapped anew on every allocation even after `import
+    mmsparse` (its own malloc arena cannot hold them), unless the process started with
+    runtime.worker_env(), which Ray workers get (distributed.init_ray)."""
+    unset = {"MALLOC_MMAP_THRESHOLD_": None, "MALLOC_TRIM_THRESHOLD_": None, "MALLOC_ARENA_MAX": None}
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    monkeypatch.delenv("MMSPARSE_MALLOC", raising=False)
+    env = runtime.worker_env()
+    assert env == {"MALLOC_ARENA_MAX": "1"}
+    pages = 40 * (96 << 20) // 4096
+    plain = _python(THREAD_FAULTS, MMSPARSE_MALLOC="", **unset)
+    one = _python(THREAD_FAULTS, MMSPARSE_MALLOC="", **{**unset, **env})
+    assert plain["faults"] > 0.9 * pages, plain             # every block faulted in again
+    assert one["faults"] < 0.3 * pages, one                 # the first rounds only
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")             # the user's setting is kept
+    assert runtime.worker_env() == {}
+    monkeypatch.delenv("MALLOC_ARENA_MAX")
+    monkeypatch.setenv("MMSPARSE_MALLOC", "system")
+    assert runtime.worker_env() == {}
+
+
 
 ENCODE = """
 import json, resource, sys
