@@ -45,8 +45,13 @@ def tune_allocator() -> dict:
     return dict(_TUNED)
 
 
+def _system_malloc() -> bool:
+    """MMSPARSE_MALLOC=system (or off, 0): leave glibc's defaults alone."""
+    return os.environ.get("MMSPARSE_MALLOC", "").lower() in ("system", "off", "0")
+
+
 def _tune() -> dict:
-    if os.environ.get("MMSPARSE_MALLOC", "").lower() in ("system", "off", "0"):
+    if _system_malloc():
         return {"allocator": "system", "skipped": "MMSPARSE_MALLOC=system"}
     if not _glibc():
         return {"allocator": sys.platform, "skipped": "not glibc"}
@@ -74,7 +79,7 @@ def worker_env() -> dict:
     every thread from the main heap, where those thresholds hold (0.4 million faults, 1.2 s
     system; docs/ray.md). glibc reads the variable when the process starts, hence an environment
     variable for the workers rather than a mallopt call here."""
-    if os.environ.get("MMSPARSE_MALLOC", "").lower() in ("system", "off", "0") or "MALLOC_ARENA_MAX" in os.environ:
+    if _system_malloc() or "MALLOC_ARENA_MAX" in os.environ:
         return {}
     return {"MALLOC_ARENA_MAX": "1"}
 
