@@ -19,7 +19,9 @@ from ..atomic import atomic_path
 FIGSIZE = (5.6, 4.0)
 
 
-def _save(fig, path: Path) -> None:
+def save_png(fig, path: Path) -> None:
+    """Write matplotlib figure `fig` to `path` as a PNG (120 dpi, tight bounding box) through a
+    temporary file and a rename (no partial file on failure), then close it."""
     import matplotlib.pyplot as plt
 
     with atomic_path(path) as tmp:
@@ -65,7 +67,7 @@ def plot_flops_vs_effectiveness(points: Sequence[tuple[str, float, float]], path
     dashed horizontal line labelled with its value. Labels sit beside their point, on the side
     away from the nearer vertical edge, so they stay inside the axes. See flops_figure."""
     fig, _ = flops_figure(points, measure, references)
-    _save(fig, Path(path))
+    save_png(fig, Path(path))
 
 
 def flops_figure(points: Sequence[tuple[str, float, float]], measure: str = "R@1",
@@ -140,7 +142,7 @@ def plot_overlap_histogram(series: Sequence[tuple[str, Sequence[int]]], path: st
     ax.grid(alpha=0.3, axis="y", zorder=0)
     if series:
         ax.legend(fontsize=8, loc="upper left")
-    _save(fig, Path(path))
+    save_png(fig, Path(path))
 
 
 def plot_rank_frequency(freqs: np.ndarray, path: str | Path, exponent: float, scale: float,
@@ -186,4 +188,4 @@ def plot_rank_frequency(freqs: np.ndarray, path: str | Path, exponent: float, sc
             for j in range(min(label_top, len(f))))
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3, which="major", lw=0.5)
-    _save(fig, Path(path))
+    save_png(fig, Path(path))

@@ -73,7 +73,7 @@ def evaluate_heads(head_dirs: list[Path], images: Path, captions: Path, qrels: P
 
 def plot_ablation(rows: list[dict], path: Path, measure: str = "R@1") -> None:
     """FLOPs (log x) vs `measure` (%), one line per expansion mode through its η values (Fig. 2a)."""
-    from ...metrics.plots import _figure, _save, format_log_axis
+    from ...metrics.plots import _figure, format_log_axis, save_png
     from .config import PAPER_NAMES
 
     fig, ax = _figure()
@@ -92,7 +92,7 @@ def plot_ablation(rows: list[dict], path: Path, measure: str = "R@1") -> None:
     ax.set_ylabel(f"{measure} (%)")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
-    _save(fig, Path(path))
+    save_png(fig, Path(path))
 
 
 def markdown(rows: list[dict]) -> str:

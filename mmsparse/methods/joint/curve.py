@@ -28,7 +28,7 @@ def curve_figure(heads: Sequence[str | Path], out: str | Path, reference: str | 
     a train-head record or a head with no validated epochs."""
     import matplotlib
 
-    from ...metrics.plots import _save
+    from ...metrics.plots import save_png
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -64,4 +64,4 @@ def curve_figure(heads: Sequence[str | Path], out: str | Path, reference: str | 
     axf.set_xlabel("epoch")
     axf.grid(alpha=0.3)
     fig.tight_layout()
-    _save(fig, Path(out))
+    save_png(fig, Path(out))
