@@ -1,10 +1,11 @@
-"""The final layer of a dual encoder's towers, run on its stored input (joint self-distillation).
+"""The final layer of a dual encoder's towers, run on its stored input (joint, VDR).
 
 Song et al. (CIKM 2025, §2, Fig. 1) tune "the final layer of each dense encoder" with the sparse
 head. To train without running images through the backbone at every step, `encode-dense
 --final-layer-inputs` stores what enters that layer (dataset `final_input`, captions also
 `final_mask`), and `FinalLayer` — a copy of the layer built from a JSON description — maps those
-inputs to the pooled pre-projection state p, so vectors = normalize(projection(p)).
+inputs to the pooled pre-projection state p, so vectors = normalize(projection(p)); its
+per-position outputs before pooling (`FinalLayer.positions`) are what VDR's heads max-pool.
 
 What "final layer" is, per tower kind (`final_layer_spec` refuses any other tower):
   bert          text towers with `encoder.layer` (BERT, RoBERTa, MiniLM, ...): the last transformer
@@ -70,9 +71,10 @@ def entry_module(tower, spec: dict) -> nn.Module:
 class FinalLayer(nn.Module):
     """A tower's final layer, built from `final_layer_spec`'s description (weights: load_from).
 
-    forward(x, mask=None) -> p [B, h] float32, the pooled pre-projection state:
+    forward(x, mask=None) -> p [B, h] float32, the pooled pre-projection state, = pool(positions(x, mask)):
       bert:         x [B, L, h] hidden states entering the last layer, mask [B, L] (1 = token)
       efficientnet: x [B, C, H, W] the feature map entering the top convolution
+    positions(x, mask) -> the per-position outputs before pooling (VDR pools them itself).
     Batch norm always runs on its frozen running statistics (train() leaves it in eval mode), so a
     training batch's statistics never enter the dense vectors. Dropout of the transformer layer
     follows train()/eval() as in fine-tuning.
@@ -127,18 +129,32 @@ class FinalLayer(nn.Module):
             self.bn.eval()
         return self
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def positions(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The final layer's per-position outputs, before the tower's pooling (what VDR pools):
+          bert:         x [B, L, h], mask [B, L] -> (token states [B, L', h] float32, mask [B, L'] int64),
+                        L' = the batch's longest row (right padding: later positions are masked anyway)
+          efficientnet: x [B, C, H, W] -> (activations [B, H·W, C_out] float32, positions row-major, None)
+        Equal to the tower's `last_hidden_state` (token_states / patch_states of encode-dense)."""
         x = x.float()
         if self.spec["kind"] == "efficientnet":
-            h = self.act(self.bn(self.conv(x)))
-            return h.amax(dim=(2, 3)) if self.spec["pooling"] == "max" else h.mean(dim=(2, 3))
+            return self.act(self.bn(self.conv(x))).flatten(2).transpose(1, 2), None
         if mask is None:
             mask = torch.ones(x.shape[:2], dtype=torch.long, device=x.device)
-        n = max(1, int(mask.sum(1).max()))       # right padding: positions past the longest are masked anyway
+        n = max(1, int(mask.sum(1).max()))
         x, mask = x[:, :n], mask[:, :n].long()
         h = self.layer(x, attention_mask=_attention_mask(self.tcfg, x, mask))
-        h = h[0] if isinstance(h, tuple) else h
+        return (h[0] if isinstance(h, tuple) else h), mask
+
+    def pool(self, h: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The tower's own pooling of `positions` output -> p [B, h] float32: bert the pooler of the
+        [CLS] state (the state itself where there is none); efficientnet the mean (or max) over positions."""
+        if self.spec["kind"] == "efficientnet":
+            return h.amax(dim=1) if self.spec["pooling"] == "max" else h.mean(dim=1)
         return self.pooler(h) if self.pooler is not None else h[:, 0]
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """p [B, h] float32: pool(positions(x, mask)), the pooled pre-projection state."""
+        return self.pool(*self.positions(x, mask))
 
 
 def _attention_mask(config, x: torch.Tensor, mask: torch.Tensor):
