@@ -5,7 +5,8 @@ method's parameter groups; the learning-rate schedule (warm-up, then linear, cos
 a CPU torch.Generator for shuffling and random masks (the same batches and masks on every device);
 the device and bf16 autocast (`--amp`: CUDA, or a CPU with AMX/AVX512-BF16); per-epoch history and
 validation; choosing the saved epoch
-(best `select_metric` among eligible epochs under `max_val_flops`); atomic epoch checkpoints and
+(best `select_metric` among eligible epochs under the method's FLOPs limit, --max-val-flops
+or --target-flops); atomic epoch checkpoints and
 exact resume (model, optimizer, scheduler, RNG and the method's own state); progress.
 
 The method supplies the data, batches, loss and validation (mmsparse.methods.base.Method).
@@ -149,10 +150,9 @@ def fit(method, head, train, val=None, *, ckpt_dir: str | Path | None = None, de
                 kill_point()  # tests: MMSPARSE_TEST_KILL_AFTER interrupts here
             rec = {"epoch": epoch + 1, "step": step, "seconds": time.time() - t0,
                    **method.epoch_figures(), **{k: x / max(n, 1) for k, x in sums.items()}}
-            if val is not None:
-                rec["val"] = method.validate(head, val)
+            method.end_epoch(head, train, val, rec)   # validation (rec["val"]), and what the method adapts
             history.append(rec)
-            if pick_epoch(history, method, cfg.select_metric, cfg.max_val_flops) == len(history) - 1:
+            if pick_epoch(history, method, cfg.select_metric, method.val_flops_limit()) == len(history) - 1:
                 best_state = {k: t.detach().clone() for k, t in head.state_dict().items()}
             rep.log(method.epoch_line(rec))
             if ckpt is not None:
@@ -162,7 +162,7 @@ def fit(method, head, train, val=None, *, ckpt_dir: str | Path | None = None, de
                       "best_state": best_state}
                 with atomic_path(ckpt) as tmp:
                     torch.save(st, tmp)
-    best = pick_epoch(history, method, cfg.select_metric, cfg.max_val_flops)
+    best = pick_epoch(history, method, cfg.select_metric, method.val_flops_limit())
     return TrainResult(best + 1, history, copy.deepcopy(best_state) if best_state else head.state_dict(), True,
                        precision)
 

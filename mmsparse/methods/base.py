@@ -162,6 +162,23 @@ class Method:
         """Validation figures: at least the select metrics (R@1, ...) and FLOPs; {} = none."""
         return {}
 
+    def end_epoch(self, head, train, val, record: dict) -> None:
+        """Called by fit after each epoch's steps with the epoch's history record: validates into
+        record["val"] when there is a validation split. Methods may measure or adapt more here
+        (e.g. the FLOPs budget of --target-flops, mmsparse.methods.budget)."""
+        if val is not None:
+            record["val"] = self.validate(head, val)
+
+    def val_flops_limit(self) -> float | None:
+        """The most validation FLOPs a saved epoch may have (pick_epoch): --max-val-flops; None = any."""
+        return self.cfg.max_val_flops
+
+    def sample_figures(self, head, train, n: int = 1000) -> dict:
+        """`validate`'s figures of the trained head on a seeded sample of at most `n` training images
+        and their captions (at least d_nnz, the terms per image, where the method has them) and
+        "images", the sample's size, for a run without validation files; {} when the method has none."""
+        return {}
+
     def epoch_figures(self) -> dict:
         """Extra figures for an epoch's history record (e.g. the expansion probability)."""
         return {}

@@ -52,6 +52,22 @@ class PairData:
             self.tok = self.tok.to(device)
         return self
 
+    def subset(self, img_rows) -> tuple["PairData", torch.Tensor]:
+        """(the images at rows `img_rows` [n] int64 with every caption of them, as a PairData of their
+        own; the rows of those captions here [m] int64). Tokens and columns follow when set."""
+        dev = self.cap_img.device
+        img_rows = torch.as_tensor(img_rows, dtype=torch.int64).to(dev)
+        new_row = torch.full((self.z_img.shape[0],), -1, dtype=torch.int64, device=dev)
+        new_row[img_rows] = torch.arange(len(img_rows), device=dev)
+        caps = torch.nonzero(new_row[self.cap_img] >= 0).squeeze(1)
+        ci, ii = caps.cpu().tolist(), img_rows.cpu().tolist()
+        out = PairData(self.z_img[img_rows], self.z_cap[caps], new_row[self.cap_img[caps]],
+                       [self.img_ids[i] for i in ii], [self.cap_ids[i] for i in ci], [self.texts[i] for i in ci],
+                       self.attrs_img, self.attrs_cap, None if self.tok is None else self.tok[caps],
+                       [self.token_ids[i] for i in ci] if self.token_ids else [],
+                       [self.raw_ids[i] for i in ci] if self.raw_ids else [])
+        return out, caps
+
     def tokenize(self, tokenizer) -> None:
         self.raw_ids = caption_token_ids(tokenizer, self.texts)
 
@@ -60,6 +76,11 @@ class PairData:
         tid = np.asarray(head_token_ids, dtype=np.int64)
         self.token_ids = to_columns(self.raw_ids, tid)
         self.tok = torch.from_numpy(pad_ids(self.token_ids, len(tid)))
+
+
+def sample_rows(n: int, k: int, seed: int = 0) -> torch.Tensor:
+    """min(k, n) distinct rows of n, drawn with `seed` and sorted: int64 [min(k, n)]."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:k].sort().values
 
 
 def caption_image_ids(captions_path: str | Path, cap_ids: list[str], qrels_path: str | Path | None) -> list[str]:

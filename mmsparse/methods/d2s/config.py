@@ -58,6 +58,15 @@ class D2SLossConfig(TrainConfig, VocabConfig):
                                   "them whole): the probability of zeroing each of the d coordinates. A "
                                   "regulariser against learning the training images' words by heart. 0 = off.",
                                   min=0.0, max=0.9, paper="0 (off)")
+    target_flops: float | None = option(None, "A FLOPs budget F (eq. 1: expected shared terms per query-image "
+                                        "pair): every sparsity weight of the loss (--eta and the method's others) is "
+                                        "multiplied by a factor that moves after each epoch from the FLOPs measured "
+                                        "on the validation split (on a sample of the training pairs without one), "
+                                        "as sparsify writes the vectors (gates and posting floor applied), and the "
+                                        "saved epoch must keep validation FLOPs <= F x 1.15 (with --max-val-flops: "
+                                        "the smaller limit). Recorded in config.json (training.flops_budget). "
+                                        "docs/d2s.md measures where it lands. Default: off.",
+                                        min=1e-3, paper="– (not in the papers)")
 
 
 @dataclass

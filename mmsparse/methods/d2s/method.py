@@ -24,9 +24,10 @@ from ...metrics.exhaustive import sparse_retrieval_metrics
 from ...vocab import (caption_token_ids, document_frequency, indicator, indicator_cols, load_vocab, pad_ids,
                       restrict_to_frequent, to_columns)
 from ..base import Method, Sparsified
+from ..budget import FlopsBudget
 from ..head import require_tokenizer, to_csr
 from ...trainer import warmup_steps
-from ..pairs import PairData, check_inputs, load_pairs, training_record
+from ..pairs import PairData, check_inputs, load_pairs, sample_rows, training_record
 from .config import D2SConfig
 from .expansion import ExpansionControl
 from .head import D2SHead, top_k_rows
@@ -71,6 +72,8 @@ def format_epoch_line(r: dict, extra: str = "", cap_digits: int = 0) -> str:
     """The log line of one epoch record `r` (trainer history): loss, batch FLOPs, `extra`, and the
     validation figures when the epoch was validated."""
     v = r.get("val") or {}
+    if "eta_scale" in r:   # --target-flops: the multiplier of the sparsity weights this epoch trained with
+        extra += f" η×{r['eta_scale']:.3g}"
     return (f"epoch {r['epoch']}: loss {r['loss']:.3f} batch-FLOPs {r['flops']:.1f}{extra}"
             + (f" | val R@1 {v['R@1']:.4f} R@10 {v['R@10']:.4f} FLOPs {v['FLOPs']:.1f} "
                f"terms/img {v['d_nnz']:.0f} terms/cap {v['q_nnz']:.{cap_digits}f}" if v else "")
@@ -181,7 +184,7 @@ class D2S(Method):
         raw = s_cap
         if m is not None:
             s_cap = s_cap * m
-        loss, parts = d2s_loss(s_cap, s_img, zc, zi, cfg.temperature, cfg.lam, eta_at(step, cfg.eta, self.l1_warm),
+        loss, parts = d2s_loss(s_cap, s_img, zc, zi, cfg.temperature, cfg.lam, self.eta_at(step),
                                s_cap_l1=raw if cfg.l1_caption == "raw" else None, kind=cfg.sparsity_loss)
         if cfg.caption_terms_weight > 0:   # the same teacher for caption-term queries (own terms, no gate)
             t = teacher_logits(zc, zi, cfg.temperature)
@@ -190,16 +193,21 @@ class D2S(Method):
             loss = loss + (1.0 - cfg.lam) * cfg.caption_terms_weight * ct
             parts["caption_terms"] = float(ct.detach())
         if cfg.doc_words_weight > 0:   # rank the image's own caption words first (doc_Exact@k)
-            if self.img_words.device != uimg.device:   # once, not a copy per step on a GPU
-                self.img_words, self.word_weight = self.img_words.to(uimg.device), self.word_weight.to(uimg.device)
-            words = self.img_words[uimg]   # distinct per image, padded with |V|
-            target = indicator_cols(words, cols, v, values=self.word_weight[words])
-            dw = doc_words_loss(s_img, v, target, cfg.doc_words_temperature)
+            dw = self.doc_words_term(s_img, uimg, cols, v)
             loss = loss + cfg.doc_words_weight * dw
             parts["doc_words"] = float(dw.detach())
         with torch.no_grad():   # batch FLOPs proxy (eq. 1 on the batch)
             parts["flops"] = float(((s_cap > 0).float().mean(0) * (s_img > 0).float().mean(0)).sum())
         return loss, parts
+
+    def doc_words_term(self, s_img: torch.Tensor, uimg: torch.Tensor, cols: torch.Tensor, v: int) -> torch.Tensor:
+        """--doc-words-weight's loss (doc_words_loss) of the training images `uimg` [U], whose
+        weights s_img [U, K] sit at vocabulary columns cols [K] (every other weight 0)."""
+        if self.img_words.device != uimg.device:   # once, not a copy per step on a GPU
+            self.img_words, self.word_weight = self.img_words.to(uimg.device), self.word_weight.to(uimg.device)
+        words = self.img_words[uimg]   # distinct per image, padded with |V|
+        target = indicator_cols(words, cols, v, values=self.word_weight[words])
+        return doc_words_loss(s_img, v, target, self.cfg.doc_words_temperature)
 
     def _gated_loss(self, head, z, idx, uimg, zc, zi, train, step, generator):
         """`loss` of a head gated on both sides, on the entries the gates keep (forward_gated): the
@@ -222,7 +230,7 @@ class D2S(Method):
         ci, ic = soft_ce(t, sc), soft_ce(t.T, sc.T)
         l1_img = gathered_sparsity(s_img, img_top, v, cfg.sparsity_loss)
         l1_cap = gathered_sparsity(raw if cfg.l1_caption == "raw" else s_q, cap_top, v, cfg.sparsity_loss)
-        loss = (1.0 - cfg.lam) * (ci + ic) + cfg.lam * eta_at(step, cfg.eta, self.l1_warm) * (l1_img + l1_cap)
+        loss = (1.0 - cfg.lam) * (ci + ic) + cfg.lam * self.eta_at(step) * (l1_img + l1_cap)
         parts = {k: float(x.detach()) for k, x in (("ci", ci), ("ic", ic), ("l1_img", l1_img), ("l1_cap", l1_cap))}
         if cfg.caption_terms_weight > 0:   # the same teacher for caption-term queries (own terms, no gate)
             so = gathered_scores(own_s, own, side)
@@ -254,26 +262,87 @@ class D2S(Method):
     def finish(self, head, train, progress=None) -> None:
         """--doc-max-share < 1: the head's posting floor from the training images' vectors
         (D2SHead.prune_postings), so no term stays in more than that share of them."""
+        n = self.set_floor(head, train)
+        if n is not None and progress is not None:
+            progress.log(f"train-head {self.name}: posting floor on {n} terms (each kept in at most "
+                         f"{self.cfg.doc_max_share:.0%} of the training images)")
+
+    def set_floor(self, head, train) -> int | None:
+        """The posting floor of --doc-max-share < 1 for the head's current weights, estimated on the
+        training images (D2SHead.prune_postings): the number of terms given a floor; None without one."""
         share = getattr(self.cfg, "doc_max_share", 1.0)
         if share >= 1:
-            return
+            return None
         head.eval()
-        n = head.prune_postings(train.z_img.cpu(), share)
-        if progress is not None:
-            progress.log(f"train-head {self.name}: posting floor on {n} terms (each kept in at most "
-                         f"{share:.0%} of the training images)")
+        return head.prune_postings(self.doc_vectors(head, train), share)
+
+    def doc_vectors(self, head, train) -> torch.Tensor:
+        """The dense vectors [Ni, d] the head sees for the training images (those the floor is cut on)."""
+        return train.z_img
+
+    # -- --target-flops (mmsparse.methods.budget) -------------------------------------------
+    @property
+    def budget(self) -> FlopsBudget | None:
+        """The FLOPs budget of --target-flops (None without it)."""
+        if "_budget" not in self.__dict__:
+            target = getattr(self.cfg, "target_flops", None)
+            self._budget = FlopsBudget(target) if target else None
+        return self._budget
+
+    def eta_at(self, step: int, eta: float | None = None) -> float:
+        """A sparsity weight at optimizer step `step`: `eta` (default --eta) times the budget's
+        multiplier, ramped in over the sparsity warm-up (loss.eta_at)."""
+        scale = self.budget.scale if self.budget is not None else 1.0
+        return eta_at(step, (self.cfg.eta if eta is None else eta) * scale, self.l1_warm)
+
+    def end_epoch(self, head, train, val, record: dict) -> None:
+        """Validation; with --target-flops first the posting floor of this epoch's weights (so the
+        FLOPs measured are those of the vectors sparsify would write), then the budget's update
+        from the validation FLOPs (those of a sample of the training pairs without validation
+        files), after epochs that may be saved."""
+        if self.budget is None:
+            return super().end_epoch(head, train, val, record)
+        self.set_floor(head, train)
+        if val is not None:
+            record["val"] = self.validate(head, val)
+            flops = record["val"]["FLOPs"]
+        else:
+            record["train_sample"] = self.sample_figures(head, train)
+            flops = record["train_sample"]["FLOPs"]
+        if self.eligible(record):
+            self.budget.update(flops, record["epoch"])
+
+    def val_flops_limit(self) -> float | None:
+        """--max-val-flops, or with --target-flops F the smaller of it and F·(1 + 15 %)."""
+        limits = [x for x in (self.cfg.max_val_flops, self.budget.limit if self.budget else None) if x is not None]
+        return min(limits) if limits else None
+
+    def budget_figures(self) -> dict:
+        """{"eta_scale": the budget's multiplier} for an epoch's record ({} without --target-flops)."""
+        return {"eta_scale": self.budget.scale} if self.budget is not None else {}
+
+    def sample(self, train, n: int = 1000):
+        """A seeded sample of about n training images with their captions, in the data's own type."""
+        return train.subset(sample_rows(train.z_img.shape[0], n))[0]
+
+    def sample_figures(self, head, train, n: int = 1000) -> dict:
+        """`validate`'s figures on `sample`, plus "images": how many images the sample holds."""
+        data = self.place(self.sample(train, n), next(head.parameters()).device)
+        return {**self.validate(head, data), "images": len(getattr(data, "pairs", data).img_ids)}
 
     def eligible(self, record: dict) -> bool:
         return record["step"] >= self.l1_warm   # before the sparsity warm-up ends the head is not sparse
 
     def epoch_figures(self) -> dict:
-        return {"p_c": self.pec.p_c}
+        return {"p_c": self.pec.p_c, **self.budget_figures()}
 
     def state_dict(self) -> dict:
-        return {"pec": self.pec.state_dict()}
+        return {"pec": self.pec.state_dict(), **({"budget": self.budget.state_dict()} if self.budget else {})}
 
     def load_state_dict(self, state: dict) -> None:
         self.pec.load_state_dict(state["pec"])
+        if self.budget is not None:
+            self.budget.load_state_dict(state["budget"])
 
     def epoch_line(self, r: dict) -> str:
         return format_epoch_line(r, f" p_c {r['p_c']:.2f}")

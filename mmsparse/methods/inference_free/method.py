@@ -37,7 +37,7 @@ from ...formats._h5 import read_strings
 from ...formats.sharded import open_read
 from ...metrics.exhaustive import sparse_retrieval_metrics
 from ...vocab import document_frequency
-from ..d2s.loss import ScoreSide, drop_coordinates, eta_at, gathered_scores, soft_ce, sparsity, teacher_logits
+from ..d2s.loss import ScoreSide, drop_coordinates, gathered_scores, soft_ce, sparsity, teacher_logits
 from ..d2s.head import top_k_rows
 from ..d2s.method import D2S, encode_sparse, format_epoch_line
 from ..pairs import PairData
@@ -117,14 +117,14 @@ class InferenceFree(D2S):
         s = gathered_scores(q, tok, ScoreSide(s_img, cols, v))   # q_Cᵀ s_I: the captions' terms stay sparse
         ci, ic = soft_ce(t, s), soft_ce(t.T, s.T)
         reg = sparsity(s_img, cfg.sparsity_loss)
-        loss = (1.0 - cfg.lam) * (ci + ic) + cfg.lam * eta_at(step, cfg.eta, self.l1_warm) * reg
+        loss = (1.0 - cfg.lam) * (ci + ic) + cfg.lam * self.eta_at(step) * reg
         with torch.no_grad():
             q_df = torch.zeros(v + 1, device=q.device).index_add_(0, tok.flatten(), (q > 0).flatten().float())
             flops = float((q_df[cols] / len(idx) * (s_img > 0).float().mean(0)).sum())
         parts = {"ci": float(ci.detach()), "ic": float(ic.detach()), "l1_img": float(reg.detach()), "flops": flops}
         if cfg.eta_query_flops > 0:   # expected FLOPs of the training queries: Σ_t p_q(t)·mean_i s_it
             qf = (self.query_df[cols.cpu()].to(s_img.device) * s_img.mean(0)).sum()
-            loss = loss + cfg.lam * eta_at(step, cfg.eta_query_flops, self.l1_warm) * qf
+            loss = loss + cfg.lam * self.eta_at(step, cfg.eta_query_flops) * qf
             parts["query_flops"] = float(qf.detach())
         return loss, parts
 
@@ -132,13 +132,14 @@ class InferenceFree(D2S):
         return {**evaluate_head(head, val), "query_mode": "inference-free"}
 
     def epoch_figures(self) -> dict:
-        return {}
+        return self.budget_figures()
 
     def state_dict(self) -> dict:
-        return {}
+        return {"budget": self.budget.state_dict()} if self.budget else {}
 
     def load_state_dict(self, state: dict) -> None:
-        pass
+        if self.budget is not None:
+            self.budget.load_state_dict(state["budget"])
 
     def epoch_line(self, r: dict) -> str:
         return format_epoch_line(r, cap_digits=1)
