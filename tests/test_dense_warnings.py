@@ -4,6 +4,8 @@ the fix; --allow-dense (sparsify, search) proceeds quietly; a sparse head gets n
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from mmsparse.formats import read_sparse
@@ -40,6 +42,21 @@ def test_train_head_warns_when_it_saves_a_near_dense_head(method_data, tmp_path,
     (line,) = _warnings(err)
     assert code == 0 and "the saved head is near dense: validation images hold" in line
     assert "% of the" in line and "validation FLOPs" in line and "--eta" in line and "--l1-warmup" in line
+    code, _, err = run_cli(*args, "-o", tmp_path / "s", "--init-bias", "-3", "--doc-top-k", "2", "--query-top-k", "2")
+    assert code == 0 and not _warnings(err)
+
+
+def test_train_head_without_validation_warns_from_a_sample_of_the_training_images(method_data, tmp_path, run_cli):
+    """No validation files: the density is measured on a sample of the training pairs after the last
+    epoch (what sparsify will write), and a near-dense head is named as with validation files."""
+    args = ["train-head", method_data / "train-images.h5", method_data / "train-captions.h5", "--batch-size", "32",
+            "--vocab-min-df", "0", "--lr-warmup", "0", "--l1-warmup", "0", "--epochs", "1", "--eta", "0"]
+    code, _, err = run_cli(*args, "-o", tmp_path / "h")
+    (line,) = _warnings(err)
+    assert code == 0 and "the saved head is near dense: a sample of 40 training images hold" in line
+    assert "training sample's FLOPs" in line and "--eta" in line
+    tr = json.loads((tmp_path / "h" / "config.json").read_text())["training"]
+    assert tr["val"] is None and tr["train_sample"]["d_nnz"] > 0.1 * 30522
     code, _, err = run_cli(*args, "-o", tmp_path / "s", "--init-bias", "-3", "--doc-top-k", "2", "--query-top-k", "2")
     assert code == 0 and not _warnings(err)
 

@@ -71,34 +71,60 @@ def train_head(train_images: str | Path | None = None, train_captions: str | Pat
     head.load_state_dict(res.state)
     m.finish(head, train, rep)
     chosen = res.history[res.best_epoch - 1]
+    v = chosen.get("val") or {}
+    # without validation files, the density a near-dense head is caught by: a sample of the training pairs
+    sample = {} if v else m.sample_figures(head, train)
+    budget = getattr(m, "budget", None)
     head.config["training"] = {**m.training, "method": method, "config": asdict(cfg), "precision": res.precision,
                                "best_epoch": res.best_epoch,
                                "val": chosen.get("val"), "seconds": round(time.time() - t0, 1),
+                               **({"train_sample": sample} if sample else {}),
+                               **({"flops_budget": budget.record()} if budget is not None else {}),
                                "history": res.history}
     head.save_pretrained(out)
     if not keep_checkpoint:
         shutil.rmtree(ckpt_dir, ignore_errors=True)
-    v = chosen.get("val") or {}
-    _warn_if_dense(out, v, int(head.config.get("vocab_size", 0)))
+    vocab_size = int(head.config.get("vocab_size", 0))
+    if v:
+        _warn_if_dense(out, v, vocab_size)
+    else:
+        _warn_if_dense(out, sample, vocab_size, f"a sample of {sample.get('images', 0):,} training",
+                       "training sample's")
+    if budget is not None and "FLOPs" in v:
+        _report_budget(rep, out, v["FLOPs"], budget, chosen.get("eta_scale", 1.0))
     rep.log(f"saved epoch {res.best_epoch} to {out}"
             + (f" (val R@1 {v['R@1']:.4f}, R@10 {v['R@10']:.4f}, FLOPs {v['FLOPs']:.1f})" if "R@1" in v else "")
             + f" in {time.time() - t0:.0f}s")
     return out
 
 
-def _warn_if_dense(out: Path, val: dict, vocab_size: int) -> None:
-    """One warning line when the saved epoch's validation vectors hold over checks.NEAR_DENSE of
-    the vocabulary (d_nnz: per image, q_nnz: per caption): a head that is not sparse yet."""
+def _warn_if_dense(out: Path, val: dict, vocab_size: int, split: str = "validation",
+                   flops_of: str = "validation") -> None:
+    """One warning line when the saved head's vectors of `split` ("validation", or a sample of the
+    training pairs when there are no validation files) hold over checks.NEAR_DENSE of the
+    vocabulary (d_nnz: per image, q_nnz: per caption): a head that is not sparse yet."""
     from ..checks import DENSE_FIX, near_dense, terms_share, warn
 
-    dense = [terms_share(what, val[k], vocab_size) for k, what in (("d_nnz", "validation images"),
-                                                                   ("q_nnz", "validation captions"))
+    dense = [terms_share(what, val[k], vocab_size) for k, what in (("d_nnz", f"{split} images"),
+                                                                   ("q_nnz", f"{split} captions"))
              if k in val and near_dense(val[k], vocab_size)]
     if dense:
-        flops = f" (validation FLOPs {val['FLOPs']:,.0f}: the terms a query and an image share, eq. 1)" \
+        flops = f" ({flops_of} FLOPs {val['FLOPs']:,.0f}: the terms a query and an image share, eq. 1)" \
             if "FLOPs" in val else ""
         warn(f"{out}: the saved head is near dense: {' and '.join(dense)}{flops}; sparsify, index and search of its "
              f"vectors will be slow; {DENSE_FIX}")
+
+
+def _report_budget(rep, out: Path, flops: float, budget, scale: float) -> None:
+    """--target-flops: one line saying where the saved head landed, a warning when over the limit."""
+    from ..checks import warn
+
+    if flops > budget.limit:
+        warn(f"{out}: --target-flops {budget.target:g}: no epoch kept validation FLOPs <= {budget.limit:.3g}; "
+             f"saved the lowest, {flops:.2f}; train longer (--epochs) or set a larger --eta to start from")
+    else:
+        rep.log(f"--target-flops {budget.target:g}: validation FLOPs {flops:.2f} ({flops / budget.target:.2f} x the "
+                f"budget), its epoch trained with the sparsity weights x{scale:.3g}")
 
 
 def resolve_config(config: str | Path | None, options: dict, method: str | None = None) -> dict:
