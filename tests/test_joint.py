@@ -189,6 +189,36 @@ def test_train_and_sparsify_dense_out(joint_run):
     assert np.allclose(got, z, atol=1e-5)
 
 
+def test_joint_takes_d2s_sparse_options_through_d2s_code(joint_run, tmp_path):
+    """--method joint with D2S's gates, caption-term loss, image dropout, word loss, posting floor,
+    FLOPs regulariser and --target-flops: the losses appear in the history, the gates and the floor
+    bound what sparsify writes, the budget's multiplier is recorded."""
+    from mmsparse.methods.d2s.method import encode_sparse
+    from mmsparse.methods.joint.method import dense_all, load_state_pairs
+
+    root, _ = joint_run
+    out = tmp_path / "joint-d2s"
+    r = CliRunner().invoke(app, ["train-head", "--method", "joint", str(root / "train-images.h5"),
+                                 str(root / "train-captions.h5"), "--val-images", str(root / "val-images.h5"),
+                                 "--val-captions", str(root / "val-captions.h5"), "-o", str(out), "--epochs", "3",
+                                 "--batch-size", "16", "--warmup-steps", "0", "--vocab-model",
+                                 str(root / "tiny-bert"), "--dense-side", "pre-projection", "--doc-top-k", "6",
+                                 "--query-top-k", "5", "--caption-terms-weight", "1", "--image-dropout", "0.2",
+                                 "--doc-words-weight", "1", "--doc-max-share", "0.5", "--sparsity-loss", "flops",
+                                 "--l1-caption", "raw", "--target-flops", "1"])
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    head = load_head(out)
+    tr = head.config["training"]
+    assert head.config["doc_top_k"] == 6 and head.config["query_top_k"] == 5 and head.config["doc_max_share"] == 0.5
+    assert {"caption_terms", "doc_words"} <= set(tr["history"][0]) and tr["history"][0]["eta_scale"] == 1.0
+    assert tr["flops_budget"]["target"] == 1.0 and len(tr["flops_budget"]["trace"]) == 3
+    train = load_state_pairs(root / "train-images.h5", root / "train-captions.h5")
+    docs = encode_sparse(head, dense_all(head, train, "image"), side="image")
+    assert np.diff(docs.indptr).max() <= 6 and ((docs > 0).sum(0) <= 0.5 * docs.shape[0]).all()
+    r = CliRunner().invoke(app, ["sparsify", str(out), str(root / "test-captions.h5"), "-o", str(tmp_path / "q.h5")])
+    assert r.exit_code == 0 and np.diff(read_sparse(tmp_path / "q.h5").matrix.indptr).max() <= 5
+
+
 def test_joint_needs_pre_projection(joint_run, tmp_path):
     root, out = joint_run
     plain = tmp_path / "plain.h5"

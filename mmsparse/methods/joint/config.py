@@ -1,13 +1,14 @@
 """Options of joint sparse-dense self-distillation (Song et al., CIKM 2025, "Sparse and Dense
 Retrievers Learn Better Together", §2.3, eq. 2-3). The sparse head is D2S's, so its options are
-too (λ and the teacher temperature of eq. 7 are not used: the dense scores here are trained)."""
+too, through D2S's code: the top-k gates, --caption-terms-weight, --image-dropout, the image-side word
+loss, the posting floor, --sparsity-loss and --target-flops (λ and the teacher temperature of eq. 7 are
+not used: the dense scores here are trained; the sparsity terms enter eq. 3 as η·R, without λ)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import InputError
 from ..base import option
 from ..d2s.config import D2SConfig
 
@@ -68,14 +69,3 @@ class JointConfig(D2SConfig):
     caption_per_image: bool = option(True, "An epoch visits every image once with one random caption of it "
                                      "(batches of distinct pairs, as eq. 2) or every caption.",
                                      flag="--caption-per-image/--all-captions")
-
-    def validate(self) -> None:
-        """D2SConfig's checks, and InputError for the D2S options joint's loss does not implement."""
-        super().validate()
-        for name, flag, off in (("doc_top_k", "--doc-top-k", 0), ("query_top_k", "--query-top-k", 0),
-                                ("caption_terms_weight", "--caption-terms-weight", 0),
-                                ("image_dropout", "--image-dropout", 0), ("doc_words_weight", "--doc-words-weight", 0),
-                                ("doc_max_share", "--doc-max-share", 1)):
-            if getattr(self, name) != off:
-                raise InputError(f"{flag} {getattr(self, name)}: joint heads do not take it; leave it at {off} "
-                                 "(it is a D2S option)")

@@ -84,15 +84,16 @@ class JointHead(D2SHead):
 
     @classmethod
     def from_backbone(cls, vocab, proj: dict, training: dict | None = None, init_bias: float = 0.0,
-                      tau_init: float = 0.05) -> "JointHead":
-        """A fresh joint head: D2S part as D2SHead.from_vocab (W2 <- vocab.embeddings), projections
-        copied from the backbone's. proj: {"image_proj_weight" [d, h_img], "text_proj_weight"
-        [d, h_txt], optional "image_proj_bias"/"text_proj_bias" [d]} (numpy or torch)."""
+                      tau_init: float = 0.05, **sparse) -> "JointHead":
+        """A fresh joint head: D2S part as D2SHead.from_vocab (W2 <- vocab.embeddings; `sparse`: its
+        doc_top_k, query_top_k, doc_max_share), projections copied from the backbone's. proj:
+        {"image_proj_weight" [d, h_img], "text_proj_weight" [d, h_txt], optional
+        "image_proj_bias"/"text_proj_bias" [d]} (numpy or torch)."""
         w_img = torch.as_tensor(np.asarray(proj["image_proj_weight"]), dtype=torch.float32)
         w_txt = torch.as_tensor(np.asarray(proj["text_proj_weight"]), dtype=torch.float32)
         if w_img.shape[0] != w_txt.shape[0]:
             raise ValueError(f"projection outputs differ: image {tuple(w_img.shape)}, text {tuple(w_txt.shape)}")
-        head = cls.from_vocab(int(w_img.shape[0]), vocab, training, init_bias=init_bias)
+        head = cls.from_vocab(int(w_img.shape[0]), vocab, training, init_bias=init_bias, **sparse)
         bias = "image_proj_bias" in proj and "text_proj_bias" in proj
         head.config.update(image_dim=int(w_img.shape[1]), text_dim=int(w_txt.shape[1]), proj_bias=bias,
                            tau_init=float(tau_init))

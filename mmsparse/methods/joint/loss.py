@@ -4,6 +4,10 @@
             + ½ [CE(p(s_inter), p(s_dense)) + CE(p(s_inter), p(s_sparse))]         (L', teacher without gradient)
             + η_t L1(z_t) + η_i L1(z_i)                                            (eq. 3)
 
+The sparsity terms are D2S's (`--sparsity-loss`: L1 as eq. 3, or SPLADE's FLOPs regulariser), and
+with D2S's --caption-terms-weight w the caption vectors cut to their own terms (the no-expansion
+query) get the sparse side's two terms too: w·[λ2 L(s_terms) + ½ CE(p(s_inter), p(s_terms))].
+
 L(s) = ½ [L_t→i + L_i→t] (InfoNCE, eq. 2). A batch is captions and their *distinct* images (as
 D2S): t→i has one positive per caption; i→t takes every caption of the image as a positive
 (-log Σ_pos softmax), which is eq. 2 exactly when each image occurs once. The distillation CE is
@@ -15,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..d2s.loss import soft_ce, sparse_scores
+from ..d2s.loss import soft_ce, sparse_scores, sparsity
 
 
 def integrated_score(s_dense: torch.Tensor, s_sparse: torch.Tensor, w1: float, w2: float) -> torch.Tensor:
@@ -41,11 +45,15 @@ def distill(teacher: torch.Tensor, student: torch.Tensor) -> torch.Tensor:
 
 
 def joint_loss(h_cap: torch.Tensor, h_img: torch.Tensor, z_cap: torch.Tensor, z_img: torch.Tensor,
-               pos: torch.Tensor, tau, cfg, eta_t: float, eta_i: float) -> tuple[torch.Tensor, dict]:
+               pos: torch.Tensor, tau, cfg, eta_t: float, eta_i: float, z_cap_l1: torch.Tensor | None = None,
+               z_terms: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """Eq. 3 on one batch. h_cap [B, d], h_img [U, d] normalised projected vectors; z_cap [B, |V|]
     (expansion-masked), z_img [U, |V|]; pos [B] image column of each caption; tau: temperature;
-    cfg: a JointConfig (w1, w2, lambda_*, distill). Returns (loss, {"dense", "sparse", "inter",
-    "kd_dense", "kd_sparse", "l1_cap", "l1_img"} floats)."""
+    cfg: a JointConfig (w1, w2, lambda_*, distill, sparsity_loss, caption_terms_weight); z_cap_l1:
+    the caption vectors the sparsity term sees (default z_cap; --l1-caption raw: before masking);
+    z_terms [B, |V|]: the caption vectors cut to their own terms (with caption_terms_weight > 0).
+    Returns (loss, {"dense", "sparse", "inter", "kd_dense", "kd_sparse", "l1_cap", "l1_img"
+    [, "caption_terms"]} floats)."""
     s_dense = (h_cap @ h_img.T) / tau
     s_sparse = sparse_scores(z_cap, z_img)
     s_inter = integrated_score(s_dense, s_sparse, cfg.w1, cfg.w2)
@@ -54,6 +62,13 @@ def joint_loss(h_cap: torch.Tensor, h_img: torch.Tensor, z_cap: torch.Tensor, z_
     if cfg.distill:
         parts["kd_dense"], parts["kd_sparse"] = distill(s_inter, s_dense), distill(s_inter, s_sparse)
         loss = loss + 0.5 * (parts["kd_dense"] + parts["kd_sparse"])
-    parts["l1_cap"], parts["l1_img"] = z_cap.sum(1).mean(), z_img.sum(1).mean()
+    if z_terms is not None and getattr(cfg, "caption_terms_weight", 0) > 0:
+        s_terms = sparse_scores(z_terms, z_img)
+        ct = cfg.lambda_sparse * info_nce(s_terms, pos) + (0.5 * distill(s_inter, s_terms) if cfg.distill else 0.0)
+        parts["caption_terms"] = ct
+        loss = loss + cfg.caption_terms_weight * ct
+    kind = getattr(cfg, "sparsity_loss", "l1")
+    parts["l1_cap"] = sparsity(z_cap if z_cap_l1 is None else z_cap_l1, kind)
+    parts["l1_img"] = sparsity(z_img, kind)
     loss = loss + eta_t * parts["l1_cap"] + eta_i * parts["l1_img"]
     return loss, {k: float(x.detach()) for k, x in parts.items()}

@@ -25,10 +25,11 @@ from ...formats.dense import DenseWriter, read_dense_attrs
 from ...metrics.exhaustive import dense_retrieval_metrics
 from ...vocab import document_frequency, indicator, load_vocab, restrict_to_frequent
 from ..d2s.expansion import ExpansionControl
-from ..d2s.loss import eta_at
+from ..d2s.head import top_k_rows
+from ..d2s.loss import drop_coordinates, eta_at
 from ...trainer import warmup_steps
-from ..d2s.method import D2S, evaluate_head
-from ..pairs import PairData, check_inputs, load_pairs, training_record
+from ..d2s.method import D2S, evaluate_head, image_words
+from ..pairs import PairData, check_inputs, load_pairs, sample_rows, training_record
 from .config import JointConfig
 from .head import JointHead
 from .loss import joint_loss
@@ -55,6 +56,14 @@ class StatePairs:
         if self.mask_cap is not None:
             self.mask_cap = self.mask_cap.to(device)
         return self
+
+    def subset(self, img_rows) -> "StatePairs":
+        """The images at rows `img_rows` with their captions and states (PairData.subset)."""
+        pairs, caps = self.pairs.subset(img_rows)
+        rows = torch.as_tensor(img_rows, dtype=torch.int64).to(self.pre_img.device)
+        caps = caps.to(self.pre_cap.device)
+        return StatePairs(pairs, self.pre_img[rows], self.pre_cap[caps], self.proj,
+                          None if self.mask_cap is None else self.mask_cap[caps], self.final)
 
     def rows(self, idx, modality: str) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(states, mask or None) of rows `idx` (an index tensor or a slice) of one modality."""
@@ -233,7 +242,9 @@ class Joint(D2S):
         if final:   # the layers' weights from the model the files name (checked by fingerprint)
             text_l, image_l, train.proj = backbone_final_layers(train.pairs.attrs_cap, inputs.train_captions)
         torch.manual_seed(cfg.seed)
-        head = JointHead.from_backbone(voc, train.proj, self.training, init_bias=cfg.init_bias, tau_init=cfg.tau_init)
+        head = JointHead.from_backbone(voc, train.proj, self.training, init_bias=cfg.init_bias, tau_init=cfg.tau_init,
+                                       doc_top_k=cfg.doc_top_k, query_top_k=cfg.query_top_k,
+                                       doc_max_share=cfg.doc_max_share)
         if final:
             a = train.pairs.attrs_cap
             head.set_final_layers(text_l, image_l, {k: a[k] for k in ("model", "model_fingerprint") if k in a},
@@ -251,6 +262,9 @@ class Joint(D2S):
                             "n_captions": len(train.pairs.cap_ids), "dense_side": cfg.dense_side}
         self.pec = ExpansionControl(cfg.expansion, document_frequency(train.pairs.token_ids, len(voc.terms)),
                                     cfg.epochs, cfg.mask_caption_terms, cfg.pec_end)
+        if cfg.doc_words_weight > 0:   # D2S's image-side word loss (its targets from the training captions)
+            self.img_words, self.word_weight = image_words(train.pairs, head.vocab, cfg.doc_words_target,
+                                                           cfg.doc_words_max_df)
         self._order(train)
         self.l1_warm = warmup_steps(cfg.l1_warmup, self.steps_per_epoch(train) * cfg.epochs)
         if val is not None:   # the backbone's own figures, kept for the validation curve (curve.py)
@@ -302,6 +316,11 @@ class Joint(D2S):
             yield perm[b * self.cfg.batch_size:(b + 1) * self.cfg.batch_size], train
 
     def loss(self, head, batch, step, generator, device):
+        """Eq. 3 on one batch, with D2S's options through D2S's code: the top-k gates of each side
+        (in training, as D2S), the expansion mask, --image-dropout on the tuned image vectors the
+        sparse head sees (s_dense sees them whole), --l1-caption, --sparsity-loss, the caption-term
+        queries (--caption-terms-weight, joint_loss), the image-side word loss and the budget's
+        multiplier of η (--target-flops)."""
         idx, train = batch
         cfg = self.cfg
         v = int(head.config["vocab_size"])
@@ -309,14 +328,25 @@ class Joint(D2S):
         uimg, pos = torch.unique(train.pairs.cap_img[idx], return_inverse=True)
         h_cap = dense_rows(head, train, idx, "text")
         h_img = dense_rows(head, train, uimg, "image")
-        z = head(torch.cat([h_cap, h_img]))          # one sparse head for both modalities (eq. 1)
-        z_cap, z_img = z[: len(idx)], z[len(idx):]
-        m = self.pec.mask(indicator(train.pairs.tok[idx], v), generator)
+        # one sparse head for both modalities (eq. 1); gate=False: no posting floor in training, the gates below
+        z_all_cap = head(h_cap, side="text", gate=False)
+        z_cap = top_k_rows(z_all_cap, head.top_k("text"))
+        z_img = top_k_rows(head(drop_coordinates(h_img, cfg.image_dropout, generator), side="image", gate=False),
+                           head.top_k("image"))
+        own = indicator(train.pairs.tok[idx], v).to(z_cap.device)
+        m = self.pec.mask(own, generator)
+        raw = z_cap
         if m is not None:
             z_cap = z_cap * m.to(z_cap.device)
-        ramp = eta_at(step, 1.0, self.l1_warm)
+        ramp = eta_at(step, 1.0, self.l1_warm) * (self.budget.scale if self.budget is not None else 1.0)
         eta_i = cfg.eta if cfg.eta_image is None else cfg.eta_image
-        loss, parts = joint_loss(h_cap, h_img, z_cap, z_img, pos, head.tau, cfg, cfg.eta * ramp, eta_i * ramp)
+        loss, parts = joint_loss(h_cap, h_img, z_cap, z_img, pos, head.tau, cfg, cfg.eta * ramp, eta_i * ramp,
+                                 z_cap_l1=raw if cfg.l1_caption == "raw" else None,
+                                 z_terms=z_all_cap * own if cfg.caption_terms_weight > 0 else None)
+        if cfg.doc_words_weight > 0:   # rank the image's own caption words first (doc_Exact@k), as D2S
+            dw = self.doc_words_term(z_img, uimg, torch.arange(v, device=z_img.device), v)
+            loss = loss + cfg.doc_words_weight * dw
+            parts["doc_words"] = float(dw.detach())
         with torch.no_grad():
             parts["flops"] = float(((z_cap > 0).float().mean(0) * (z_img > 0).float().mean(0)).sum())
         self.tau = float(head.tau.detach())
@@ -326,12 +356,20 @@ class Joint(D2S):
         return {**evaluate_joint(head, val, self.query_mode_of_head()), "query_mode": self.query_mode_of_head()}
 
     def epoch_figures(self) -> dict:
-        return {"p_c": self.pec.p_c, "tau": getattr(self, "tau", self.cfg.tau_init)}
+        return {"p_c": self.pec.p_c, "tau": getattr(self, "tau", self.cfg.tau_init), **self.budget_figures()}
+
+    def sample(self, train: StatePairs, n: int = 1000) -> StatePairs:
+        return train.subset(sample_rows(train.pairs.z_img.shape[0], n))
+
+    def doc_vectors(self, head, train: StatePairs) -> torch.Tensor:
+        """The tuned dense vectors of the training images (the posting floor is cut on them)."""
+        return dense_all(head, train.to(next(head.parameters()).device), "image")
 
     def epoch_line(self, r: dict) -> str:
         v = r.get("val") or {}
+        scale = f" η×{r['eta_scale']:.3g}" if "eta_scale" in r else ""
         return (f"epoch {r['epoch']}: loss {r['loss']:.3f} (dense {r['dense']:.3f} sparse {r['sparse']:.3f} "
-                f"inter {r['inter']:.3f}) τ {r['tau']:.4f} batch-FLOPs {r['flops']:.1f}"
+                f"inter {r['inter']:.3f}) τ {r['tau']:.4f} batch-FLOPs {r['flops']:.1f}{scale}"
                 + (f" | val sparse R@1 {v['R@1']:.4f} FLOPs {v['FLOPs']:.1f} | dense R@1 {v['dense']['R@1']:.4f} "
                    f"R@10 {v['dense']['R@10']:.4f}" if v else "") + f" ({r['seconds']:.0f}s)")
 
