@@ -1,5 +1,5 @@
-"""Options of VDR, Vocabulary Disentangled Retrieval (Zhou et al., §3, App. A), on frozen token and
-patch states."""
+"""Options of VDR, Vocabulary Disentangled Retrieval (Zhou et al., §3, App. A): over the towers' final
+layers (tuned, as the paper trains its encoders, or frozen) or over stored token and patch states."""
 
 from __future__ import annotations
 
@@ -36,5 +36,20 @@ class VDRConfig(TrainConfig, VocabConfig):
     vdr_cts_mask: bool = option(True, "Contrastive mask (§3.3 c): deal the dimensions no caption of the batch "
                                 "opens to the in-batch pairs as negatives-only dimensions.")
     vdr_np_entry: bool = option(True, "Add the nonparametric entry SCE(bow(q), V_p) to the loss (§3.2).")
+    tune_final_layer: bool = option(True, "On files of `encode-dense --final-layer-inputs`: train copies of the "
+                                    "towers' final layers with the heads (the paper trains its encoders); "
+                                    "--freeze-final-layer keeps the backbone's (VDR on frozen states). Files with "
+                                    "token/patch states instead are always frozen.",
+                                    flag="--tune-final-layer/--freeze-final-layer", paper="tuned (whole encoders)")
+    final_lr: float | None = option(None, "AdamW peak learning rate of the final layers (default: --lr, one rate "
+                                    "for the whole model as the paper).", min=0.0)
+    vdr_image_init: str = option("random", "Initial W of the image head: random = N(0, 0.02²) (§3.3 a); words = "
+                                 "each term's dense text vector (the term alone through the text tower) mapped back "
+                                 "through the image projection, W[v] = P_imgᵀ t_v, scaled to the text head's "
+                                 "spread, so each position starts as a zero-shot word detector (not in the paper; "
+                                 "needs final-layer files and a backbone with projections).",
+                                 choices=("random", "words"), paper="random (image side, §3.3 a)")
+    vdr_pool: str = option("max", "Pooling over positions: max (eq. 3) or mean (the Figure 3 ablation).",
+                           choices=("max", "mean"), paper="max (eq. 3)")
     vdr_buffer_rows: int = option(4096, "Captions whose token states are held in the shuffle buffer (memory "
                                   "~ this x L x h x 2 bytes); states stream from the HDF5 file.", min=1)
