@@ -28,5 +28,9 @@ class DenseConfig(TrainConfig):
     final_lr: float | None = option(None, "AdamW peak learning rate of the final layers (default: --lr).", min=0.0)
     tau_init: float = option(0.07, "Initial learnable temperature τ (logits = cos/τ; kept >= 0.01).", min=0.01,
                              paper="0.07 (CLIP)")
+    batch_by: str = option("caption", "What a batch is drawn by: caption = B captions of (mostly) distinct images, "
+                           "as CLIP and VDR; image = B captions from ~B/5 images, each with all its captions "
+                           "(the image tower runs once per image and epoch, 5x less image work on Flickr8k/MSCOCO; "
+                           "not in the paper).", choices=("caption", "image"), paper="caption (CLIP)")
     vdr_buffer_rows: int = option(4096, "Captions whose final-layer inputs are held in the shuffle buffer (as "
                                   "VDR's data stream).", min=1)

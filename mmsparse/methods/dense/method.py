@@ -102,7 +102,8 @@ class Dense(Method):
         return math.ceil(train.captions.n / self.cfg.batch_size)
 
     def batches(self, train: Split, generator, epoch: int):
-        yield from batches(train, self.cfg.batch_size, generator, buffer_rows=self.cfg.vdr_buffer_rows)
+        yield from batches(train, self.cfg.batch_size, generator, buffer_rows=self.cfg.vdr_buffer_rows,
+                           by_image=self.cfg.batch_by == "image")
 
     def loss(self, head, batch, step, generator, device):
         if not self.cfg.tune_final_layer:   # frozen: no dropout

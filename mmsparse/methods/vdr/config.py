@@ -51,5 +51,9 @@ class VDRConfig(TrainConfig, VocabConfig):
                                  choices=("random", "words"), paper="random (image side, §3.3 a)")
     vdr_pool: str = option("max", "Pooling over positions: max (eq. 3) or mean (the Figure 3 ablation).",
                            choices=("max", "mean"), paper="max (eq. 3)")
+    batch_by: str = option("caption", "What a batch is drawn by: caption = B captions of (mostly) distinct images, "
+                           "as CLIP and VDR; image = B captions from ~B/5 images, each with all its captions "
+                           "(the image tower runs once per image and epoch, 5x less image work on Flickr8k/MSCOCO; "
+                           "not in the paper).", choices=("caption", "image"), paper="caption (CLIP)")
     vdr_buffer_rows: int = option(4096, "Captions whose token states are held in the shuffle buffer (memory "
                                   "~ this x L x h x 2 bytes); states stream from the HDF5 file.", min=1)

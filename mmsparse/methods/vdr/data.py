@@ -140,7 +140,7 @@ def open_split(images: Path, captions: Path, qrels: Path | None, want: dict | No
 
 
 def batches(split: Split, batch_size: int, gen: torch.Generator, block: int = 256,
-            buffer_rows: int = 4096) -> Iterator[tuple]:
+            buffer_rows: int = 4096, by_image: bool = False) -> Iterator[tuple]:
     """One epoch of batches (rows, x_cap, mask, x_img, cap_img): caption rows [B] int64, their
     states [B, L, h] and masks [B, L] (or None), the batch's distinct images' states [U, P, h]
     (numpy, stored dtype) and each caption's image column [B] int64.
@@ -163,6 +163,8 @@ def batches(split: Split, batch_size: int, gen: torch.Generator, block: int = 25
         grp_start = np.r_[0, np.flatnonzero(np.diff(img_pos[o]) != 0) + 1]
         rank = np.empty(len(rows), dtype=np.int64)
         rank[o] = np.arange(len(rows)) - np.repeat(grp_start, np.diff(np.r_[grp_start, len(rows)]))
+        if by_image:   # images in random order, each with all its captions
+            rank = torch.randperm(len(img_rows), generator=gen).numpy()[img_pos]
         seq = np.lexsort((torch.rand(len(rows), generator=gen).numpy(), rank))   # positions in the buffer
         for b in range(0, len(seq), batch_size):
             sel = seq[b:b + batch_size]

@@ -128,7 +128,7 @@ class _MaxPoolLinear(torch.autograd.Function):
             part = s @ xc.float()
             gw = part if gw is None else gw.add_(part)
             if want_dx:                                     # the same entries transposed: [n·lc, |V|] @ W
-                order = torch.argsort(pos, stable=True)
+                order = torch.argsort(pos.int())         # unstable is fine: a row's entries may go in any order
                 rcrow = torch.zeros(xc.shape[0] + 1, dtype=torch.int64, device=gc.device)
                 rcrow[1:] = torch.cumsum(torch.bincount(pos, minlength=xc.shape[0]), 0)
                 st = torch.sparse_csr_tensor(rcrow, v_i[order], gc[v_i, b_i][order], (xc.shape[0], nv),

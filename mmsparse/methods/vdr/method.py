@@ -169,7 +169,8 @@ class VDR(Method):
         return math.ceil(train.captions.n / self.cfg.batch_size)
 
     def batches(self, train: Split, generator, epoch: int):
-        for item in batches(train, self.cfg.batch_size, generator, buffer_rows=self.cfg.vdr_buffer_rows):
+        for item in batches(train, self.cfg.batch_size, generator, buffer_rows=self.cfg.vdr_buffer_rows,
+                           by_image=self.cfg.batch_by == "image"):
             yield item, train
 
     def loss(self, head, batch, step, generator, device):
