@@ -107,34 +107,40 @@ def final_layer_spec(tower, modality: str, attend_padding: bool = False) -> dict
                 "input": f"feature map entering encoder.top_conv [{conv.in_channels}, H, W]"}
     blocks = _blocks(tower) if cfg is not None else None
     if blocks is not None and (modality == "image" and mt in VIT_TOWERS or modality == "text" and mt in TEXT_TOWERS):
-        name, layers = blocks
-        parts = {"layer": f"{name}.{len(layers) - 1}"}
-        if modality == "image":
-            norm, norm_on, pooling = VIT_TOWERS[mt]
-            kind, extra = "vit", {"norm_on": norm_on, "pooling": pooling}
-            entering = f"[P, {cfg.hidden_size}] (P = patches{'' if mt.startswith('siglip') else ' + 1 with [CLS]'})"
-        else:
-            kind, norm = TEXT_TOWERS[mt], "final_layer_norm"
-            extra = {"attend_padding": bool(attend_padding), "fixed_length": kind == "siglip-text"}
-            entering = f"[L, {cfg.hidden_size}] + attention mask"
-        parts["norm"] = norm
-        head = getattr(tower, "head", None) if kind in ("siglip-text", "vit") else None
-        if head is not None:
-            parts["head"] = "head"
-            extra["head_class"] = _class_path(head)
-            if isinstance(head, nn.Linear):
-                extra["head_features"] = [int(head.in_features), int(head.out_features)]
-        elif kind == "siglip-text" or extra.get("pooling") == "attention":
-            raise InputError(f"{type(tower).__name__}: its pooling head is missing (vision_use_head=False?); "
-                             "mmsparse pools SigLIP towers with their head")
-        return {"kind": kind, "modality": modality, "tower_config": cfg.to_dict(),
-                "layer_class": _class_path(layers[-1]), "norm_eps": float(tower.get_submodule(norm).eps),
-                "parts": parts, "modules": list(parts.values()), **extra,
-                "input": f"hidden states entering {parts['layer']} {entering}"}
-    raise InputError(f"{type(tower).__name__}: no known final layer for {'an image' if modality == 'image' else 'a text'} "
-                     f"tower (mmsparse knows "
+        return _transformer_spec(tower, modality, blocks, attend_padding)
+    what = "an image" if modality == "image" else "a text"
+    raise InputError(f"{type(tower).__name__}: no known final layer for {what} tower (mmsparse knows "
                      f"{', '.join(f'{k}: {v}' for k, v in KINDS.items())}); train joint heads with "
                      "--dense-side pre-projection (projections only) instead")
+
+
+def _transformer_spec(tower, modality: str, blocks: tuple[str, nn.ModuleList], attend_padding: bool) -> dict:
+    """final_layer_spec of a ViT (kind vit) or CLIP/SigLIP text tower: the last of `blocks`, the norm
+    after it and (SigLIP) the pooling head, by the module names in `parts`."""
+    cfg, mt = tower.config, tower.config.model_type
+    name, layers = blocks
+    parts = {"layer": f"{name}.{len(layers) - 1}"}
+    if modality == "image":
+        parts["norm"], norm_on, pooling = VIT_TOWERS[mt]
+        kind, extra = "vit", {"norm_on": norm_on, "pooling": pooling}
+        entering = f"[P, {cfg.hidden_size}] (P = patches{'' if mt.startswith('siglip') else ' + 1 with [CLS]'})"
+    else:
+        kind, parts["norm"] = TEXT_TOWERS[mt], "final_layer_norm"
+        extra = {"attend_padding": bool(attend_padding), "fixed_length": kind == "siglip-text"}
+        entering = f"[L, {cfg.hidden_size}] + attention mask"
+    if kind == "siglip-text" or extra.get("pooling") == "attention":   # SigLIP pools with its own head
+        head = getattr(tower, "head", None)
+        if head is None:
+            raise InputError(f"{type(tower).__name__}: its pooling head is missing (vision_use_head=False?); "
+                             "mmsparse pools SigLIP towers with their head")
+        parts["head"] = "head"
+        extra["head_class"] = _class_path(head)
+        if isinstance(head, nn.Linear):
+            extra["head_features"] = [int(head.in_features), int(head.out_features)]
+    return {"kind": kind, "modality": modality, "tower_config": cfg.to_dict(),
+            "layer_class": _class_path(layers[-1]), "norm_eps": float(tower.get_submodule(parts["norm"]).eps),
+            "parts": parts, "modules": list(parts.values()), **extra,
+            "input": f"hidden states entering {parts['layer']} {entering}"}
 
 
 def parts(spec: dict) -> dict[str, str]:
