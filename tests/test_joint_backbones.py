@@ -17,6 +17,7 @@ import mmsparse
 from mmsparse.backbones import load_backbone
 from mmsparse.backbones.encode import encode_captions_file, encode_images_file
 from mmsparse.data import read_dataset
+from mmsparse.errors import InputError
 from mmsparse.formats.dense import read_dense, read_dense_attrs
 from mmsparse.formats.sparse import read_sparse
 from mmsparse.methods.head import load_head
@@ -94,6 +95,15 @@ def test_final_layer_is_the_towers_own(name, models, flickr):
     assert bb.final_layer_spec("text").get("attend_padding", False) == (name == "siglip-no-mask")
     if backbone == "blip":   # the text layer's cross-attention (ITM only) is not part of the dual encoder
         assert not any("crossattention" in k for k in bb.final_layer_weights("text").state_dict())
+
+
+def test_clip_pooling_another_token_is_refused(tiny_clip):
+    """The clip-text layer pools each caption's last token (where CLIP's tokenizer puts EOS);
+    encode-dense refuses a model whose text tower pools another one."""
+    bb = load_backbone("clip", tiny_clip, "cpu")
+    bb.net.text_model.eos_token_id = 5   # "a": the tower now pools the first "a", not the last token
+    with pytest.raises(InputError, match="pools a token other than each caption's last"):
+        bb.encode_tokens(bb.tokenize(["a dog runs on the grass", "a red ball"]), ("final_input",))
 
 
 @pytest.fixture(scope="module", params=BACKBONES)
