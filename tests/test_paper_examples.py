@@ -1,7 +1,9 @@
 """examples/mscoco-blip and examples/flickr30k-albef (issue 19): `make -n` with the defaults prints the
 D2S paper's settings, and both Makefiles run end to end on a small dataset in their layout (real
 Flickr8k images: the official COCO 2017 caption-file pair, and a Karpathy JSON) with the hf-dual
-backbone and the shared dual encoder, with tiny training settings."""
+backbone and the shared dual encoder, with tiny training settings. Their `joint` targets (the joint
+paper's heads over the towers' final layers): `make -n` runs every stage with the authors' schedule,
+and each runs end to end with tiny random weights of the example's own backbone (BLIP, ALBEF)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import mmsparse
 from mmsparse import settings
 from mmsparse.formats import read_dense, read_qrels
 
-# the paper examples end to end: ~2.5 minutes on 2 cores (CI runs -m slow)
+# the paper examples end to end: ~6.5 minutes on 2 cores (CI runs -m slow)
 pytestmark = pytest.mark.slow
 
 EXAMPLES = settings.REPO_ROOT / "examples"
@@ -94,6 +96,53 @@ def test_dry_run_coco_2017_layout(tmp_path):
                                                                       ("test-images.h5", "val-images.h5")]
 
 
+# the authors' released training configs (holi-lab/mm-sparse-retrieval training_config/*.json) as train-head flags
+JOINT_PAPER = {"mscoco-blip": {"--w1": "0.1", "--w2": "0.1", "--lambda-dense": "0.9", "--lambda-sparse": "0.3",
+                               "--eta": "5e-4", "--eta-image": "3e-5", "--final-lr": "5e-5"},
+               "flickr30k-albef": {"--w1": "0.1", "--w2": "0.2", "--lambda-dense": "0.3", "--lambda-sparse": "0.3",
+                                   "--eta": "1e-4", "--eta-image": "2e-5", "--final-lr": "1e-5"}}
+
+
+@pytest.mark.parametrize("example", sorted(PAPER))
+def test_dry_run_joint_runs_every_stage(example, tmp_path):
+    """`make -n joint`: encode with --final-layer-inputs, train the joint head with the authors' schedule,
+    sparsify (with the tuned dense vectors), index, search and evaluate both, then the table (Tables 1-2);
+    `make -n joint-ablation` adds Table 3's two variants."""
+    backbone, _, _ = PAPER[example]
+    work = tmp_path / "work"
+    mm = [c for c in commands(make(example, "-n", "joint", f"WORK={work}").stdout) if c[0] == "mmsparse"]
+    states = f"{work}/dense/{backbone}-final"
+    enc = [c for c in mm if c[1] == "encode-dense" and "--final-layer-inputs" in c]
+    assert len(enc) == 1 and flag(enc[0], "-o") == [states] and flag(enc[0], "--split") == ["train", "val", "test"]
+    assert flag(enc[0], "--backbone") == [backbone] and flag(enc[0], "--device") == ["cuda"]
+    (train,) = [c for c in mm if c[1:4] == ["train-head", "--method", "joint"]]
+    assert train[4:6] == [f"{states}/train-images.h5", f"{states}/train-captions.h5"]
+    assert flag(train, "-o") == [f"{work}/heads/joint"] and flag(train, "--device") == ["cuda"]
+    assert (flag(train, "--epochs"), flag(train, "--batch-size"), flag(train, "--expansion")) == (["200"], ["256"], ["full"])
+    assert all(flag(train, k) == [v] for k, v in JOINT_PAPER[example].items())
+    sp = [c for c in mm if c[1:3] == ["sparsify", f"{work}/heads/joint"]]
+    assert sorted(flag(c, "--dense-out")[0].rsplit("/", 1)[1] for c in sp) == ["test-captions.h5", "test-images.h5"]
+    assert all(c[3].startswith(states) for c in sp)
+    assert {flag(c, "-o")[0] for c in mm if c[1] == "index"} >= {f"{work}/index/joint", f"{work}/index/dense-joint"}
+    assert {c[2] for c in mm if c[1] == "search"} >= {f"{work}/index/joint", f"{work}/index/dense-joint"}
+    evals = {flag(c, "-o")[0].rsplit("/", 1)[1] for c in mm if c[1] == "eval" and "--table" not in c}
+    assert {"dense.json", "dense-joint.json", "joint.expand.json", "d2s-eta1e-3.expand.json"} <= evals
+    table = mm[-1]
+    assert table[1:3] == ["eval", "--table"] and flag(table, "-o") == [f"{work}/eval/joint-table.md"]
+    assert flag(table, "--label") == [f"dense ({backbone})", "joint dense", "d2s-eta1e-3 sparse", "d2s-eta1e-5 sparse",
+                                      "joint sparse"]
+    at = {(c[1], flag(c, "-o")[0]): i for i, c in enumerate(mm) if flag(c, "-o")}
+    assert at[("encode-dense", states)] < at[("train-head", f"{work}/heads/joint")] \
+        < at[("sparsify", f"{work}/sparse/joint/test-images.h5")] < at[("index", f"{work}/index/joint")] \
+        < at[("search", f"{work}/runs/joint.expand.trec")] < at[("eval", f"{work}/eval/joint.expand.json")]
+    ablation = [c for c in commands(make(example, "-n", "joint-ablation", f"WORK={work}").stdout)
+                if c[:4] == ["mmsparse", "train-head", "--method", "joint"]]
+    variants = {flag(c, "-o")[0].rsplit("/", 1)[1]: c for c in ablation}
+    assert sorted(variants) == ["joint", "joint-frozen", "joint-nodistill"]
+    assert "--no-distill" in variants["joint-nodistill"]
+    assert {"--freeze-final-layer", "--freeze-projection"} <= set(variants["joint-frozen"])
+
+
 def _pick(flickr8k_dir: Path, n_train: int, n_val: int, n_test: int) -> dict[str, list[dict]]:
     ims = json.loads((flickr8k_dir / "dataset_flickr8k.json").read_text())["images"]
     out = {}
@@ -160,9 +209,9 @@ def test_flickr30k_albef_runs_on_a_karpathy_dataset(flickr8k_dir, dual_encoder_d
     assert read_dense(work / "dense" / "hf-dual" / "val-images.h5").attrs["split"] == "val"
 
 
-def test_mscoco_blip_runs_on_the_coco_2017_caption_files(flickr8k_dir, dual_encoder_dir, tmp_path):
-    """annotations/captions_{train,val}2017.json + train2017/ val2017/ over 40 + 10 real Flickr8k images
-    (COCO-style numeric ids and file names)."""
+def _coco_layout(flickr8k_dir: Path, tmp_path: Path) -> Path:
+    """annotations/captions_{train,val}2017.json + train2017/ val2017/ (links) over 40 + 10 real Flickr8k
+    train/test images in tmp_path/coco (COCO-style numeric ids and file names): that folder."""
     picked = _pick(flickr8k_dir, 40, 0, 10)
     data = tmp_path / "coco"
     (data / "annotations").mkdir(parents=True)
@@ -176,12 +225,42 @@ def test_mscoco_blip_runs_on_the_coco_2017_caption_files(flickr8k_dir, dual_enco
             "images": [{"id": int(names[im["filename"]][:12]), "file_name": names[im["filename"]]} for im in ims],
             "annotations": [{"id": s["sentid"], "image_id": int(names[im["filename"]][:12]), "caption": s["raw"]}
                             for im in ims for s in im["sentences"]]}))
+    return data
+
+
+def test_mscoco_blip_runs_on_the_coco_2017_caption_files(flickr8k_dir, dual_encoder_dir, tmp_path):
+    """annotations/captions_{train,val}2017.json + train2017/ val2017/ over 40 + 10 real Flickr8k images
+    (COCO-style numeric ids and file names)."""
+    data = _coco_layout(flickr8k_dir, tmp_path)
     work = tmp_path / "work"
     p = make("mscoco-blip", f"DATA={data}", f"WORK={work}", "BACKBONE=hf-dual", f"MODEL={dual_encoder_dir}", *TINY)
     _check_run(work, p.stdout, 10, 50, [f"{1001 + n:012d}" for n in range(3)])
     val = work / "dense" / "hf-dual" / "val-images.h5"
     assert val.is_symlink() and os.readlink(val) == "test-images.h5"  # 2017 has no third split
     assert read_dense(work / "dense" / "hf-dual" / "train-images.h5").attrs["split"] == "train"
+
+
+@pytest.mark.parametrize("example", sorted(PAPER))
+def test_joint_runs_with_the_papers_backbone(example, flickr8k_dir, tiny_blip, tiny_albef, tmp_path):
+    """`make joint` end to end on the CPU with the example's own backbone, tiny random weights (no hub)
+    and a tiny schedule: BLIP over the COCO 2017 layout, ALBEF over a Karpathy JSON, real Flickr8k
+    images (10 test images, 50 captions); the rows of Tables 1-2."""
+    backbone = PAPER[example][0]
+    data = _coco_layout(flickr8k_dir, tmp_path) if backbone == "blip" else _flickr30k_layout(flickr8k_dir, tmp_path)[0]
+    work = tmp_path / "work"
+    make(example, "joint", f"DATA={data}", f"WORK={work}", f"MODEL={tiny_blip if backbone == 'blip' else tiny_albef}",
+         *TINY, "JOINT_FLAGS=--epochs 2 --batch-size 8 --vocab-min-df 1 --final-lr 1e-3")
+    cfg = json.loads((work / "heads" / "joint" / "config.json").read_text())
+    assert {k: v["kind"] for k, v in cfg["final_layers"].items()} == {"text": "bert", "image": "vit"}
+    assert cfg["training"]["config"]["epochs"] == 2 and cfg["final_layers_tuned"] is True
+    tuned = read_dense(work / "dense" / "joint" / "test-images.h5")
+    orig = read_dense(work / "dense" / backbone / "test-images.h5")
+    assert list(tuned.ids) == list(orig.ids) and len(orig.ids) == 10
+    for name in ("dense-joint.json", "joint.expand.json"):
+        assert json.loads((work / "eval" / name).read_text())["queries"] == 50
+    rows = [r.split("|")[1].strip() for r in (work / "eval" / "joint-table.md").read_text().splitlines()
+            if r.startswith("| ") and "---" not in r]
+    assert rows == ["run", f"dense ({backbone})", "joint dense", "d2s-eta1e-3 sparse", "joint sparse"]
 
 
 # -- GPU paths (skipped, with the reason shown, where there is no GPU) -------------------------

@@ -36,8 +36,9 @@ SIDES = ("image", "text")
 def read_final(path: str | Path, what: str = "this method") -> tuple[np.ndarray, np.ndarray | None, dict]:
     """(final_input [N, ...] as stored (float16 by default), final_mask [N, L] uint8 or None for
     images, the file's final-layer description). Caption states are cut to the longest caption
-    (positions past it are padding in every row). Raises InputError when the file lacks them,
-    naming `what` needs them."""
+    (positions past it are padding in every row) unless the layer pools the last position
+    (description `fixed_length`: SigLIP). Raises InputError when the file lacks them, naming `what`
+    needs them."""
     with open_read(path) as f:
         if "final_input" not in f:
             raise InputError(f"{path}: no 'final_input' dataset; {what} tunes the towers' final layers on their "
@@ -45,7 +46,7 @@ def read_final(path: str | Path, what: str = "this method") -> tuple[np.ndarray,
         spec = json.loads(str(f.attrs.get("final_layer", "{}")))
         if "final_mask" in f:
             mask = f["final_mask"][()]
-            n = max(1, int(mask.sum(1).max())) if len(mask) else 1
+            n = max(1, int(mask.sum(1).max())) if len(mask) and not spec.get("fixed_length") else mask.shape[1]
             return f["final_input"][:, :n], mask[:, :n], spec
         return f["final_input"][()], None, spec
 

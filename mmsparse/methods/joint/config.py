@@ -25,9 +25,11 @@ class JointConfig(D2SConfig):
                              "each tower's final layer and its projection, run on the stored final-layer inputs "
                              "(files of `encode-dense --final-layer-inputs`; the model the files name is loaded "
                              "once, by its fingerprint, for the layers' weights). Final layer: BERT-like text towers "
-                             "= the last transformer layer + pooler; EfficientNet image towers = top conv + batch "
-                             "norm (frozen statistics) + activation + pooling; blip/albef/clip/siglip: not yet "
-                             "(use pre-projection). pre-projection = the projections only, over pooled "
+                             "(BLIP, ALBEF) = the last transformer layer + pooler; CLIP/SigLIP text = the last layer + "
+                             "final layernorm + EOS token / SigLIP's head; ViT image towers (BLIP, ALBEF, CLIP, "
+                             "SigLIP) = the last block + post-layernorm + [CLS] / SigLIP's attention pooling; "
+                             "EfficientNet = top conv + batch norm (frozen statistics) + activation + pooling "
+                             "(docs/joint.md). pre-projection = the projections only, over pooled "
                              "pre-projection states (files of --pre-projection; faster, not the paper's method).",
                              choices=("final-layer", "pre-projection"), paper="final-layer (§2, Fig. 1)")
     tune_final_layer: bool = option(True, "Train the copies of the towers' final layers (--freeze-final-layer keeps "

@@ -3,6 +3,7 @@ O(buffer)), caption bags of words, and caption-image pairing."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -51,9 +52,12 @@ class States:
         mask = MASKS.get(self.name)
         self.mask_name = mask if mask is not None and mask in self.f else None
         self.has_mask = self.mask_name is not None
-        # trim the trailing padding columns no caption uses: fewer bytes read per batch
+        # trim the trailing padding columns no caption uses: fewer bytes read per batch (not where the
+        # final layer pools the last position: SigLIP's text tower, `fixed_length`)
         self.length = int(ds.shape[1]) if ds.ndim == 3 else 1
-        if self.has_mask:
+        spec = json.loads(str(self.f.attrs.get("final_layer", "{}"))) if self.name == "final_input" else {}
+        self.fixed = bool(spec.get("fixed_length"))
+        if self.has_mask and not self.fixed:
             end = 1
             for s in range(0, self.n, 65536):
                 m = self.f[self.mask_name][s:s + 65536].astype(bool)
@@ -141,9 +145,10 @@ def open_split(images: Path, captions: Path, qrels: Path | None, want: dict | No
 
 def batches(split: Split, batch_size: int, gen: torch.Generator, block: int = 256,
             buffer_rows: int = 4096, by_image: bool = False) -> Iterator[tuple]:
-    """One epoch of batches (rows, x_cap, mask, x_img, cap_img): caption rows [B] int64, their
+    """One epoch of batches (rows, x_cap, mask, x_img, cap_img, fixed): caption rows [B] int64, their
     states [B, L, h] and masks [B, L] (or None), the batch's distinct images' states [U, P, h]
-    (numpy, stored dtype) and each caption's image column [B] int64.
+    (numpy, stored dtype), each caption's image column [B] int64, and whether caption rows keep
+    every position (States.fixed).
 
     Captions are read in contiguous blocks of `block` rows; the blocks are shuffled and loaded
     `buffer_rows` captions (plus their images) at a time, so memory is O(buffer) and every read is
@@ -170,16 +175,16 @@ def batches(split: Split, batch_size: int, gen: torch.Generator, block: int = 25
             sel = seq[b:b + batch_size]
             u, local = np.unique(img_pos[sel], return_inverse=True)
             yield (rows[sel], xs[sel], ms[sel] if ms is not None else None, xi[u],
-                   local.astype(np.int64))
+                   local.astype(np.int64), split.captions.fixed)
 
 
 def load_states(batch: tuple):
     """A `batches` item -> torch (x_cap [B, L, h] f32 trimmed to the batch's longest caption,
     mask [B, L] or None, x_img [U, P, h] (final-layer inputs [U, C, H, W]) f32, cap_img [B])."""
-    rows, xs, ms, xi, local = batch
+    rows, xs, ms, xi, local, fixed = batch
     mc = None
     if ms is not None:
-        longest = max(1, int(ms.sum(1).max()))
+        longest = max(1, int(ms.sum(1).max())) if not fixed else ms.shape[1]
         xs, ms = xs[:, :longest], ms[:, :longest]
         mc = torch.from_numpy(ms.astype(np.float32))
     return (torch.from_numpy(np.asarray(xs, dtype=np.float32)), mc,
