@@ -175,3 +175,25 @@ def test_files_without_final_inputs_are_refused_in_one_line(states, run_cli, tmp
                            "-o", tmp_path / "head")
     assert code == 2 and "--final-layer-inputs" in err and "final_input" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "head").exists()
+
+
+def test_image_head_starts_from_the_dense_models_word_vectors(states):
+    """--vdr-image-init words: before any step each image-head row is P_imgᵀ t_v (t_v the term's
+    dense text vector), all rows scaled alike; the default (the paper's) is random."""
+    from mmsparse.methods.base import TrainInputs
+    from mmsparse.methods.vdr.config import VDRConfig
+    from mmsparse.methods.vdr.method import VDR
+
+    _, dense = states
+    inputs = TrainInputs(dense / "val-images.h5", dense / "val-captions.h5")
+    head, _, _ = VDR(VDRConfig(vocab_min_df=1, vdr_image_init="words")).setup(inputs)
+    bb = backbone_from_attrs(read_dense_attrs(dense / "val-captions.h5"))
+    terms = [1, 7, len(head.vocab) - 1]
+    t = torch.from_numpy(bb.encode_texts([head.vocab[i].removeprefix("##") for i in terms]))
+    want = F.normalize(t, dim=-1) @ torch.from_numpy(bb.projections()["image_proj_weight"])
+    w = head.image.proj.weight.detach()[terms]
+    c = float((w * want).sum() / (want * want).sum())       # the one scale of every row
+    assert c > 0 and float((w - c * want).abs().max()) < 1e-4 * float(w.abs().max())
+    assert head.config["image_init"] == "words" and float(head.image.proj.bias.abs().max()) == 0
+    rand, _, _ = VDR(VDRConfig(vocab_min_df=1)).setup(inputs)
+    assert "image_init" not in rand.config and float(rand.image.proj.weight.std()) == pytest.approx(0.02, rel=0.05)

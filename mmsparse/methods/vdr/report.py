@@ -64,6 +64,8 @@ def curve_figure(heads: Sequence[str | Path], out: str | Path, metric: str = "R@
     ax.legend(fontsize=7, loc="lower right")
     ax.set_title("VDR and the dense model trained alike: validation per epoch", fontsize=10)
     axl.set_ylabel("training loss")
+    axl.set_yscale("log")
+    axl.xaxis.get_major_locator().set_params(integer=True)
     axl.set_xlabel("epoch")
     axl.grid(alpha=0.3)
     fig.tight_layout()
@@ -101,7 +103,7 @@ def clouds_figure(items: Sequence[str], out: str | Path, top: int = 100) -> list
             terms = mean_terms(path, top)
             panels.append(terms)
             png = Path(tmp) / f"{len(panels)}.png"
-            write_wordcloud(terms, png, width=840, height=540, max_words=top)
+            write_wordcloud(terms, png, width=840, height=540, max_words=top, min_font_size=10)
             ax.imshow(Image.open(png))
             ax.set_axis_off()
             head = ", ".join(t for t, _ in terms[:5])
