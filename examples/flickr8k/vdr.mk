@@ -17,7 +17,8 @@
 # --final-layer-inputs` (joint.mk's rule: encoded once for `make vdr` and `make joint`).
 # Heads: $(WORK)/heads/vdr, vdr-nobow, vdr-dense (+ vdr-nomask, vdr-mean, vdr-frozen for the ablation).
 # Outputs: $(WORK)/eval/vdr-table.md (Table 2, † vs the dense model trained alike), vdr-se.md (± standard errors),
-#          vdr-ablation.md, vdr-ablation-se.md; $(WORK)/plots/vdr-clouds.png (Fig. 7), vdr-curve.png.
+#          vdr-ablation.md (parametric queries), vdr-ablation-bow.md (VDR^α), vdr-ablation-se.md;
+#          $(WORK)/plots/vdr-clouds.png (Fig. 7), vdr-curve.png.
 #
 #   VDR_SCHEDULE     flags both VDR and the dense baseline train with (the schedule; see below)
 #   VDR_FLAGS        VDR's own flags on top (vocabulary, k, image init)
@@ -150,14 +151,24 @@ vdr-curve: $(WORK)/plots/vdr-curve.png
 $(WORK)/plots/vdr-curve.png: $(WORK)/heads/vdr/config.json $(WORK)/heads/vdr-dense/config.json
 	$(PYTHON) -m mmsparse.methods.vdr curve $(^D) -o $@
 
-# Figure 3 in shape (and the frozen final layer) at VDR_K: parametric rows † vs VDR's run, bag-of-words rows
-# † vs VDR^α's
-VDR_ABL = $(foreach h,vdr $(VDR_ABLATION_HEADS),$(WORK)/eval/$(h)-k$(VDR_K).json) \
-          $(foreach h,vdr $(VDR_ABLATION_HEADS),$(WORK)/eval/$(h)-bow-k$(VDR_K).json)
-vdr-ablation: $(VDR_ABL)
-	$(MMSPARSE) eval --table $(VDR_ABL) --label "VDR" --label "VDR − contrastive mask" --label "VDR − bag-of-words entry" \
-	  --label "VDR, mean pooling" --label "VDR, frozen final layer" --label "VDR^α" --label "VDR^α − contrastive mask" \
-	  --label "VDR^α − bag-of-words entry" --label "VDR^α, mean pooling" --label "VDR^α, frozen final layer" \
+# Figure 3 in shape (and the frozen final layer) at VDR_K, one table per query kind: parametric rows † vs VDR's run,
+# bag-of-words rows † vs VDR^α's (the reference rows evaluated on their own: no test against themselves)
+$(WORK)/eval/vdr-ref-k$(VDR_K).json: $(WORK)/runs/vdr-k$(VDR_K).trec
+	$(MMSPARSE) eval $< $(VDR_QRELS) -o $@ --queries $(WORK)/sparse/vdr/$(EVAL_SPLIT)-captions.vdr.k$(VDR_K).h5 \
+	  --docs $(WORK)/sparse/vdr/$(EVAL_SPLIT)-images.k$(VDR_K).h5 $(EVAL_FLAGS)
+$(WORK)/eval/vdr-bow-ref-k$(VDR_K).json: $(WORK)/runs/vdr-bow-k$(VDR_K).trec
+	$(MMSPARSE) eval $< $(VDR_QRELS) -o $@ --queries $(WORK)/sparse/vdr/$(EVAL_SPLIT)-captions.bow.h5 \
+	  --docs $(WORK)/sparse/vdr/$(EVAL_SPLIT)-images.k$(VDR_K).h5 $(EVAL_FLAGS)
+
+VDR_ABL     = $(WORK)/eval/vdr-ref-k$(VDR_K).json $(foreach h,$(VDR_ABLATION_HEADS),$(WORK)/eval/$(h)-k$(VDR_K).json)
+VDR_ABL_BOW = $(WORK)/eval/vdr-bow-ref-k$(VDR_K).json $(foreach h,$(VDR_ABLATION_HEADS),$(WORK)/eval/$(h)-bow-k$(VDR_K).json)
+vdr-ablation: $(VDR_ABL) $(VDR_ABL_BOW)
+	$(MMSPARSE) eval --table $(VDR_ABL) --label "VDR" --label "VDR − contrastive mask" \
+	  --label "VDR − bag-of-words entry" --label "VDR, mean pooling" --label "VDR, frozen final layer" \
 	  $(VDR_COLUMNS) -o $(WORK)/eval/vdr-ablation.md
+	$(MMSPARSE) eval --table $(VDR_ABL_BOW) --label "VDR^α" --label "VDR^α − contrastive mask" \
+	  --label "VDR^α − bag-of-words entry" --label "VDR^α, mean pooling" --label "VDR^α, frozen final layer" \
+	  $(VDR_COLUMNS) -o $(WORK)/eval/vdr-ablation-bow.md
 	$(PYTHON) -m mmsparse.methods.joint se $(join $(foreach x,VDR VDR-nomask VDR-nobow VDR-mean VDR-frozen \
-	  VDRα VDRα-nomask VDRα-nobow VDRα-mean VDRα-frozen,$(x)=),$(VDR_ABL)) -o $(WORK)/eval/vdr-ablation-se.md
+	  VDRα VDRα-nomask VDRα-nobow VDRα-mean VDRα-frozen,$(x)=),$(VDR_ABL) $(VDR_ABL_BOW)) \
+	  -o $(WORK)/eval/vdr-ablation-se.md
