@@ -20,10 +20,10 @@ BUILTIN = {
     "d2s": ("mmsparse.methods.d2s.config:D2SConfig", "mmsparse.methods.d2s.method:D2S"),
     "joint": ("mmsparse.methods.joint.config:JointConfig", "mmsparse.methods.joint.method:Joint"),
     "vdr": ("mmsparse.methods.vdr.config:VDRConfig", "mmsparse.methods.vdr.method:VDR"),
-    "dense": ("mmsparse.methods.dense.config:DenseConfig", "mmsparse.methods.dense.method:Dense"),
     "bm25v": ("mmsparse.methods.bm25v.config:BM25VConfig", "mmsparse.methods.bm25v.method:BM25V"),
     "inference-free": ("mmsparse.methods.inference_free.config:InferenceFreeConfig",
                        "mmsparse.methods.inference_free.method:InferenceFree"),
+    "dense": ("mmsparse.methods.dense.config:DenseConfig", "mmsparse.methods.dense.method:Dense"),
 }
 # names in head directories written by earlier versions
 ALIASES = {"sae": "bm25v", "doc-only": "inference-free"}

@@ -32,9 +32,10 @@ class JointConfig(D2SConfig):
                              "(docs/joint.md). pre-projection = the projections only, over pooled "
                              "pre-projection states (files of --pre-projection; faster, not the paper's method).",
                              choices=("final-layer", "pre-projection"), paper="final-layer (§2, Fig. 1)")
-    tune_final_layer: bool = option(True, "Train the copies of the towers' final layers (--freeze-final-layer keeps "
-                                    "the backbone's; with --freeze-projection too the dense side is frozen: paper "
-                                    "Table 3, row 1).", flag="--tune-final-layer/--freeze-final-layer")
+    tune_final_layer: bool = option(True, "Train the copies of the towers' final layers with the head "
+                                    "(--freeze-final-layer keeps the backbone's; joint with --freeze-projection too: "
+                                    "the dense side frozen, paper Table 3, row 1; vdr: VDR on the frozen states).",
+                                    flag="--tune-final-layer/--freeze-final-layer")
     final_lr: float = option(1e-5, "AdamW peak learning rate of the final layers (no weight decay; the paper "
                              "gives none).", min=0.0)
 
