@@ -80,7 +80,7 @@ def _export_st(source, out: Path, route: str, model, backbone, precision, max_le
     from ..atomic import atomic_path
     from ..methods.head import load_head, model_card
     from ..methods.headdir import resolve_head_path
-    from ..methods.st import build_encoder, require_st
+    from ..methods.st import build_encoder, card_usage, require_st
     from ..progress import reporter
 
     require_st()
@@ -105,7 +105,7 @@ def _export_st(source, out: Path, route: str, model, backbone, precision, max_le
         with atomic_path(out, directory=True) as tmp:
             enc.save(str(tmp), create_model_card=False)
             cfg = {"method": head.method, **head.config}
-            (tmp / "README.md").write_text(model_card(cfg, use=st_usage(head.method, route)), encoding="utf-8")
+            (tmp / "README.md").write_text(model_card(cfg, use=card_usage(head.method, route)), encoding="utf-8")
         bar.advance(1)
     return out
 
@@ -123,28 +123,6 @@ def _dense_attrs(training: dict) -> dict:
             except InputError:
                 continue
     return {}
-
-
-def st_usage(method: str, route: str) -> list[str]:
-    """The "Use" section of an exported model's card: loading and calling it from sentence-transformers."""
-    only_st = method == "inference-free" and route == "query"
-    load = 'model = SparseEncoder("DIR")' if only_st else \
-        'model = SparseEncoder("DIR", trust_remote_code=True)   # needs `pip install mmsparse`'
-    lines = ["```python", "from sentence_transformers import SparseEncoder", "", load,
-             'q = model.encode_query(["a dog running on the beach"])   # sparse [1, vocabulary] tensor',
-             "print(model.decode(q, top_k=10))                         # (token, weight) pairs"]
-    if route == "all":
-        lines += ["", "from PIL import Image", 'd = model.encode_document([Image.open("dog.jpg")])   # images (or paths)',
-                  "print(model.similarity(q, d))                          # dot products"]
-    lines += ["```", ""]
-    if only_st:
-        lines.append("This directory holds the query route only: a `SparseStaticEmbedding` (one weight per token, "
-                     "no model), which needs nothing but sentence-transformers. Documents (images) are encoded "
-                     "by the full export or by `mmsparse sparsify`.")
-    else:
-        lines.append("The image and text routes are mmsparse modules (the dual encoder and the sparse head), loaded "
-                     "from `modules.json` by their class path: install mmsparse and pass `trust_remote_code=True`.")
-    return lines
 
 
 @provenance.recorded("jsonl", "vocab")

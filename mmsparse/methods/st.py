@@ -134,6 +134,30 @@ def build_encoder(head, *, route: str, backbone: str | None, model: str | None, 
                                                   modalities=sides)], similarity_fn_name="dot")
 
 
+def card_usage(method: str, route: str) -> list[str]:
+    """The "Use" section of an exported model's card: loading and calling it from sentence-transformers."""
+    only_st = method == "inference-free" and route == "query"
+    load = 'model = SparseEncoder("DIR")' if only_st else \
+        'model = SparseEncoder("DIR", trust_remote_code=True)   # needs `pip install mmsparse`'
+    lines = ["```python", "from sentence_transformers import SparseEncoder", "", load,
+             'q = model.encode_query(["a dog running on the beach"])   # sparse [1, vocabulary] tensor',
+             "print(model.decode(q, top_k=10))                         # (token, weight) pairs"]
+    if route == "all":
+        lines += ["", "from PIL import Image",
+                  'd = model.encode_document([Image.open("dog.jpg")])   # images (or paths)',
+                  "print(model.similarity(q, d))                          # dot products"]
+    lines += ["```", ""]
+    if only_st:
+        lines.append("This directory holds the query route only: a `SparseStaticEmbedding` (one weight per token, "
+                     "no model), which needs nothing but sentence-transformers. Documents (images) are encoded "
+                     "by the full export or by `mmsparse sparsify`.")
+    else:
+        lines.append("The routes through the dual encoder are mmsparse's module (`mmsparse.methods.st.DualEncoderHead`: "
+                     "the dual encoder and the sparse head), loaded from `modules.json` by its class path: install "
+                     "mmsparse and pass `trust_remote_code=True`.")
+    return lines
+
+
 def _router():
     """sentence-transformers' Router class (6.x: base.modules; 5.x: models)."""
     try:
