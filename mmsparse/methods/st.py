@@ -42,12 +42,13 @@ PRECISION_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def require_st():
-    """The sentence_transformers module (>= 5, SparseEncoder); InputError naming the extra to install."""
+    """The sentence_transformers module (>= 5.4: SparseEncoder, modules under base/); InputError
+    naming the extra to install."""
     try:
         import sentence_transformers
-        from sentence_transformers import SparseEncoder  # noqa: F401  (absent before 5.0)
+        from sentence_transformers.base.modules import Router  # noqa: F401  (absent before 5.4)
     except ImportError:
-        raise InputError("--format sentence-transformers needs the sentence-transformers package: "
+        raise InputError("--format sentence-transformers needs sentence-transformers >= 5.4: "
                          "pip install 'mmsparse[st]'") from None
     return sentence_transformers
 
@@ -159,26 +160,15 @@ def card_usage(method: str, route: str) -> list[str]:
 
 
 def _router():
-    """sentence-transformers' Router class (6.x: base.modules; 5.x: models)."""
-    try:
-        from sentence_transformers.base.modules import Router
-    except ImportError:
-        from sentence_transformers.models import Router
+    """sentence-transformers' Router class."""
+    from sentence_transformers.base.modules import Router
+
     return Router
 
 
-def _input_module():
-    """sentence-transformers' InputModule base class (6.x: base.modules; 5.x: models)."""
-    try:
-        from sentence_transformers.base.modules.input_module import InputModule
-    except ImportError:
-        from sentence_transformers.models.InputModule import InputModule
-    return InputModule
-
-
-try:
-    _Base = _input_module()
-except ImportError:   # without sentence-transformers the class is never used (require_st refuses first)
+try:   # the base class of DualEncoderHead; without sentence-transformers (require_st refuses first) a stand-in
+    from sentence_transformers.base.modules.input_module import InputModule as _Base
+except ImportError:
     _Base = torch.nn.Module
 
 
@@ -202,7 +192,7 @@ class DualEncoderHead(_Base):
     forward_kwargs: set = set()
 
     def __init__(self, encoder, head, *, backbone: str, precision: str = "fp32",
-                 modalities: list[str] = ("image", "text"), max_length: int | None = None):
+                 modalities: list[str] = ("image", "text")):
         super().__init__()
         if precision not in PRECISION_DTYPES:
             raise ValueError(f"precision {precision!r}: use one of {', '.join(PRECISION_DTYPES)}")
@@ -292,4 +282,4 @@ class DualEncoderHead(_Base):
         local = Path(cls.load_dir_path(model_name_or_path, subfolder=subfolder, **hub))
         enc = load_backbone(config["backbone"], local / "dual_encoder", "cpu", max_length=int(config["max_length"]))
         return cls(enc, load_head(local / "head"), backbone=config["backbone"], precision=config["precision"],
-                   modalities=config["modalities"], max_length=config["max_length"])
+                   modalities=config["modalities"])
