@@ -16,7 +16,7 @@ the main job's heads (README "Use with other tools"; docs/export.md). check_resu
    invariant (a caption's vector depends on its batch's padded length: ~1e-3 in bf16, ~2e-7 in
    fp32), so the text route is checked at fp32 and one caption per batch on both sides:
    encode_query of the test captions by the export with --precision fp32 against encode-dense
-   --precision fp32 --batch-size 1 + sparsify of the same captions.
+   --precision fp32 --batch-size 1 + sparsify of the same captions (one torch thread each).
    EXPORT_SAMPLE=N checks the first N images and 5N captions (default 200; 0 = all 1,000 and
    5,000), so the check stays short.
 Exits 1 naming each check that fails. The exports go to a temporary directory, never into WORK.
@@ -110,41 +110,54 @@ def check_query_route(work: Path, tmp: Path) -> list[tuple[bool, str]]:
                    f"{exact_r10:.4f} (|diff| <= {R10_TOL})")]
 
 
-def check_d2s(work: Path, tmp: Path, sample: int) -> list[tuple[bool, str]]:
-    """Check 2 of the module docstring."""
+def check_d2s_images(work: Path, tmp: Path, sample: int) -> list[tuple[bool, str]]:
+    """Check 2 of the module docstring, images: the export at the dense files' precision against
+    the main job's own rows."""
     from sentence_transformers import SparseEncoder
 
     import mmsparse
     from mmsparse.formats import read_dense_attrs, read_sparse
     from mmsparse.settings import flickr8k_dir
 
-    head = work / "heads" / "d2s"
     docs = read_sparse(work / "sparse" / "d2s" / "test-images.h5")
-    queries = read_sparse(work / "sparse" / "d2s" / "test-captions.expand.h5")
-    n_doc, n_q = (sample, 5 * sample) if sample else (len(docs.ids), len(queries.ids))
-    # images: the export at the dense files' precision against the main job's own rows
-    mmsparse.export(head, out=tmp / "d2s")
+    n = sample or len(docs.ids)
+    mmsparse.export(work / "heads" / "d2s", out=tmp / "d2s")
     model = SparseEncoder(str(tmp / "d2s"), device="cpu", trust_remote_code=True)
-    images = [str(flickr8k_dir() / "images" / f"{i}.jpg") for i in docs.ids[:n_doc]]
+    images = [str(flickr8k_dir() / "images" / f"{i}.jpg") for i in docs.ids[:n]]
     d = [dict(r) for r in model.decode(model.encode_document(images, batch_size=32))]
     precision = read_dense_attrs(work / "dense" / "hf-dual" / "test-images.h5").get("precision", "fp32")
-    out = [_compare(f"D2S image route (encode_document, {precision}) vs sparsify", _rows(docs, n_doc), d)]
-    # captions: a text tower's vector depends on the padded length of its batch (bf16: ~1e-3, enough to
-    # swap terms; fp32: ~2e-7, which still swaps a term tied at the top-k gate now and then), so the
-    # text route is compared at fp32 and one caption per batch on both sides: encode-dense +
-    # sparsify of the same captions against the export's encode_query
-    texts = queries.texts[:n_q]
+    return [_compare(f"D2S image route (encode_document, {precision}) vs sparsify", _rows(docs, n), d)]
+
+
+def check_d2s_texts(work: Path, tmp: Path, sample: int) -> list[tuple[bool, str]]:
+    """Check 2 of the module docstring, captions. A text tower's vector depends on the padded length
+    of its batch (bf16: ~1e-3, enough to swap terms; fp32: ~2e-7, which still swaps a term tied at
+    the top-k gate now and then), so both sides run at fp32, one caption per batch, one thread:
+    encode-dense + sparsify of the captions against the export's encode_query."""
+    import torch
+    from sentence_transformers import SparseEncoder
+
+    import mmsparse
+    from mmsparse.formats import read_sparse
+
+    head = work / "heads" / "d2s"
+    texts = read_sparse(work / "sparse" / "d2s" / "test-captions.expand.h5").texts
+    texts = texts[:5 * sample] if sample else texts
     (tmp / "caps.txt").write_text("".join(t.replace("\n", " ") + "\n" for t in texts), encoding="utf-8")
     tr = json.loads((head / "config.json").read_text(encoding="utf-8"))["training"]
-    mmsparse.encode_dense(tmp / "caps.txt", out=tmp / "dense", backbone=tr["backbone"], model=tr["model"],
-                          precision="fp32", batch_size=1, workers=0)
-    mmsparse.sparsify(head, tmp / "dense" / "all-captions.h5", out=tmp / "caps.h5")
-    mmsparse.export(head, out=tmp / "d2s-text", route="query", precision="fp32")
-    model = SparseEncoder(str(tmp / "d2s-text"), device="cpu", trust_remote_code=True)
-    q = [dict(r) for r in model.decode(model.encode_query(texts, batch_size=1))]
-    out.append(_compare("D2S text route (encode_query, fp32, batch 1) vs encode-dense + sparsify (fp32, batch 1)",
-                        _rows(read_sparse(tmp / "caps.h5")), q))
-    return out
+    threads = torch.get_num_threads()
+    try:
+        mmsparse.encode_dense(tmp / "caps.txt", out=tmp / "dense", backbone=tr["backbone"], model=tr["model"],
+                              precision="fp32", batch_size=1, workers=0, threads=1)
+        mmsparse.sparsify(head, tmp / "dense" / "all-captions.h5", out=tmp / "caps.h5", threads=1)
+        mmsparse.export(head, out=tmp / "d2s-text", route="query", precision="fp32")
+        model = SparseEncoder(str(tmp / "d2s-text"), device="cpu", trust_remote_code=True)
+        torch.set_num_threads(1)
+        q = [dict(r) for r in model.decode(model.encode_query(texts, batch_size=1))]
+    finally:
+        torch.set_num_threads(threads)
+    return [_compare("D2S text route (encode_query, fp32, one caption per batch) vs encode-dense + sparsify "
+                     "(the same)", _rows(read_sparse(tmp / "caps.h5")), q)]
 
 
 def check(work: Path, sample: int = 200) -> list[str]:
@@ -157,7 +170,8 @@ def check(work: Path, sample: int = 200) -> list[str]:
     except ImportError:
         return ["sentence-transformers is not installed: pip install -e '.[st]'"]
     with tempfile.TemporaryDirectory(prefix="mmsparse-check-export-") as tmp:
-        results = check_query_route(work, Path(tmp)) + check_d2s(work, Path(tmp), sample)
+        results = (check_query_route(work, Path(tmp)) + check_d2s_images(work, Path(tmp), sample)
+                   + check_d2s_texts(work, Path(tmp), sample))
     for ok, line in results:
         print(f"{'ok  ' if ok else 'FAIL'} {line}")
     return [line for ok, line in results if not ok]
