@@ -17,21 +17,21 @@ def main(
                                  "sparse HDF5 file from `mmsparse sparsify` (--format jsonl)."),
     out: Path = typer.Option(..., "-o", "--out", help="Directory (sentence-transformers) or .jsonl file to write; "
                              "an existing one is replaced atomically."),
-    format: Optional[str] = typer.Option(None, "--format", help="sentence-transformers or jsonl [default: jsonl "
-                                         "when OUT ends in .jsonl, else sentence-transformers]."),
+    format: Optional[str] = typer.Option(None, "--format", help="sentence-transformers or jsonl (default: jsonl "
+                                         "when OUT ends in .jsonl, else sentence-transformers)."),
     route: str = typer.Option("all", "--route", rich_help_panel=_ST, help="all: queries (text) and documents "
                               "(images); query: the text route alone (an inference-free head's is a plain "
                               "SparseStaticEmbedding that needs only sentence-transformers)."),
     model: Optional[str] = typer.Option(None, "--model", rich_help_panel=_ST, help="Dual encoder model directory "
-                                        "or hub id of the image/text routes [default: the head's training record]."),
+                                        "or hub id of the image/text routes (default: the head's training record)."),
     backbone: Optional[str] = typer.Option(None, "--backbone", rich_help_panel=_ST, help="Its backbone name "
-                                           "(hf-dual, clip, siglip, ...) [default: the head's training record]."),
+                                           "(hf-dual, clip, siglip, ...) (default: the head's training record)."),
     precision: Optional[str] = typer.Option(None, "--precision", rich_help_panel=_ST, help="Autocast of the "
-                                            "towers: fp32, bf16 or fp16 [default: the precision of the head's "
-                                            "training vectors, else fp32]."),
+                                            "towers: fp32, bf16 or fp16 (default: the precision of the head's "
+                                            "training vectors, else fp32)."),
     max_length: Optional[int] = typer.Option(None, "--max-length", min=1, rich_help_panel=_ST, help="Caption "
-                                             "truncation of the text route, in tokens [default: the head's training "
-                                             "captions', else the backbone's]."),
+                                             "truncation of the text route, in tokens (default: the head's training "
+                                             "captions', else the backbone's)."),
     escape_dots: bool = typer.Option(False, "--escape-dots", rich_help_panel=_JSONL, help="Write '.' in terms as "
                                      "'%2E' and '%' as '%25' (Elasticsearch rank_features / sparse_vector refuse '.' "
                                      "in feature names); import with the same flag."),

@@ -17,8 +17,8 @@ def main(
                                "sparse HDF5 file (its attributes are kept) or a text file of terms, one per line."),
     escape_dots: bool = typer.Option(False, "--escape-dots", help="The lines were exported with --escape-dots "
                                      "('%2E' is '.', '%25' is '%')."),
-    modality: Optional[str] = typer.Option(None, "--modality", help="image or text [default: the --vocab sparse "
-                                           "file's, else image]."),
+    modality: Optional[str] = typer.Option(None, "--modality", help="image or text (default: the --vocab sparse "
+                                           "file's, else image)."),
     batch_size: int = typer.Option(8192, "--batch-size", min=1, help="Lines read at a time."),
 ) -> None:
     """Read term maps back into a sparse HDF5 file (export of it gives the same bytes)."""
