@@ -44,7 +44,8 @@ def tuned(states):
     final layers at a learning rate large enough to move them."""
     root, dense = states
     return mmsparse.train_head(dense / "val-images.h5", dense / "val-captions.h5", out=root / "tuned", lr=1e-3,
-                               final_lr=1e-3, **VDR)
+                               final_lr=1e-3, val_images=dense / "test-images.h5",
+                               val_captions=dense / "test-captions.h5", **VDR)
 
 
 def _inputs(path):
@@ -197,3 +198,31 @@ def test_image_head_starts_from_the_dense_models_word_vectors(states):
     assert head.config["image_init"] == "words" and float(head.image.proj.bias.abs().max()) == 0
     rand, _, _ = VDR(VDRConfig(vocab_min_df=1)).setup(inputs)
     assert "image_init" not in rand.config and float(rand.image.proj.weight.std()) == pytest.approx(0.02, rel=0.05)
+
+
+def test_query_and_figures_of_a_final_layer_head(states, tuned, tmp_path):
+    """`query` encodes free text through the head's tuned text layer (its query is the caption's
+    sparsify row); the validation curve and the word clouds are drawn from the head and its files."""
+    import subprocess
+    import sys
+
+    from PIL import Image
+
+    _, dense = states
+    docs = mmsparse.sparsify(tuned, dense / "test-images.h5", out=tmp_path / "docs.h5")
+    caps = read_sparse(mmsparse.sparsify(tuned, dense / "test-captions.h5", out=tmp_path / "caps.h5"))
+    idx = mmsparse.build_index(docs, out=tmp_path / "index")
+    (r,) = mmsparse.query(idx, [caps.texts[0]], k=4)
+    want = {caps.vocab[j]: w for j, w in zip(*(a.tolist() for a in caps.row(0)))}
+    got = {t["term"]: t["weight"] for t in r["terms"]}
+    assert got.keys() == want.keys() and all(abs(got[t] - want[t]) < 1e-3 * max(1.0, want[t]) for t in want)
+    for args in (["curve", str(tuned)], ["clouds", f"VDR={docs}"]):
+        out = tmp_path / f"{args[0]}.png"
+        p = subprocess.run([sys.executable, "-m", "mmsparse.methods.vdr", *args, "-o", str(out)], capture_output=True,
+                           text=True)
+        assert p.returncode == 0, p.stderr
+        with Image.open(out) as im:
+            assert im.size[0] > 500 and im.size[1] > 300
+    p = subprocess.run([sys.executable, "-m", "mmsparse.methods.vdr", "curve", str(tmp_path), "-o",
+                        str(tmp_path / "x.png")], capture_output=True, text=True)
+    assert p.returncode != 0 and "no train-head record" in p.stderr and not (tmp_path / "x.png").exists()
