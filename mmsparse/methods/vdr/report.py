@@ -7,23 +7,13 @@ the word clouds of mean term values over a set of images (VDR paper Fig. 7).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from ...errors import InputError
-
-
-def _training(head_dir: str | Path) -> dict:
-    p = Path(head_dir) / "config.json"
-    try:
-        cfg = json.loads(p.read_text())
-        return {**cfg["training"], "method": cfg.get("method")}
-    except (OSError, ValueError, KeyError) as e:
-        raise InputError(f"{p}: no train-head record ({type(e).__name__}: {e}); pass a head directory that "
-                         "train-head wrote") from e
+from ..headdir import read_training
 
 
 def curve_figure(heads: Sequence[str | Path], out: str | Path, metric: str = "R@10") -> None:
@@ -41,7 +31,7 @@ def curve_figure(heads: Sequence[str | Path], out: str | Path, metric: str = "R@
     fig, (ax, axl) = plt.subplots(2, 1, figsize=(6.0, 6.0), sharex=True, height_ratios=(3, 1.3))
     before = None
     for i, h in enumerate(heads):
-        t = _training(h)
+        t = read_training(h)
         rows = [e for e in t.get("history", []) if isinstance(e.get("val"), dict)]
         if not rows:
             raise InputError(f"{h}: the head holds no validated epochs; train it with --val-images/--val-captions")
