@@ -61,5 +61,10 @@ class VDRConfig(PairSchedule, VocabConfig):
                                  "spread, so each position starts as a zero-shot word detector (not in the paper; "
                                  "needs final-layer files and a backbone with projections).",
                                  choices=("random", "words"), paper="random (image side, §3.3 a)")
+    vdr_image_cls: bool = option(False, "ViT image towers with a [CLS] position (final-layer kind vit: BLIP, ALBEF, "
+                                 "CLIP): --vdr-image-cls pools the image head over [CLS] and the patches; the default "
+                                 "pools over the patch positions only, as the paper's image encoder (49 patches of "
+                                 "ViT-B/32, no [CLS]: App. A). No effect on towers without one (EfficientNet, SigLIP) "
+                                 "nor on stored patch_states.", paper="patches only (App. A: 49 positions)")
     vdr_pool: str = option("max", "Pooling over positions: max (eq. 3) or mean (the Figure 3 ablation).",
                            choices=("max", "mean"), paper="max (eq. 3)")

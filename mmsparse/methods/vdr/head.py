@@ -195,7 +195,8 @@ class VDRHead(TunedTowers, SparseHead):
     each tower's position states), k_query / k_doc (default inference top-k), tau (initial
     temperature), pool ("max" | "mean"), vocab_source, special_ids (tokenizer ids never in a bag of
     words), `training` provenance; with final layers also final_layers, final_layers_source,
-    final_layers_tuned (methods/towers.py).
+    final_layers_tuned (methods/towers.py), image_skip_cls (the image head pools the patches, not the
+    ViT's [CLS]; absent: every position).
     Buffer token_ids [|V|] int64: the tokenizer id of each output term.
 
     forward(x, mask=None, side="image") -> V(x) [B, |V|] float32 (> 0, ungated). Gate with `gate`.
@@ -248,6 +249,14 @@ class VDRHead(TunedTowers, SparseHead):
         if side not in SIDES:
             raise ValueError(f"side {side!r}: expected one of {SIDES}")
         return self.text if side == "text" else self.image
+
+    def positions(self, x: torch.Tensor, side: str, mask: torch.Tensor | None = None):
+        """TunedTowers.positions, less the image tower's [CLS] position (the first) where the config
+        says `image_skip_cls` (VDRConfig.vdr_image_cls off on a ViT with [CLS]): [B, P - 1, h]."""
+        h, m = super().positions(x, side, mask)
+        if side == "image" and self.config.get("image_skip_cls"):
+            h = h[:, 1:]
+        return h, m
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, side: str = "image") -> torch.Tensor:
         h, m = self.positions(x, side, mask)

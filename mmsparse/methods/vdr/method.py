@@ -137,6 +137,9 @@ class VDR(Method):
         if final:
             head.set_final_layers(layers["text"], layers["image"],
                                   {k: ac[k] for k in ("model", "model_fingerprint") if k in ac}, cfg.tune_final_layer)
+            spec = layers["image"].spec   # a ViT's [CLS] comes first in its positions (backbones/final_layer.py)
+            if not cfg.vdr_image_cls and spec["kind"] == "vit" and spec.get("pooling") == "cls":
+                head.config["image_skip_cls"] = True
             if cfg.vdr_image_init == "words":
                 init_image_from_words(head, bb, train, progress)
         tids = head.token_ids.numpy()
@@ -148,7 +151,8 @@ class VDR(Method):
             progress.log(f"train-head vdr: {train.images.n} images ({train.images.name}, h={train.images.hidden}), "
                          f"{train.captions.n} captions ({train.captions.name}, h={train.captions.hidden}), "
                          f"|V|={len(voc.terms)}, train k={cfg.vdr_train_k}"
-                         + (f", final layers {'tuned' if cfg.tune_final_layer else 'frozen'}" if final else ""))
+                         + (f", final layers {'tuned' if cfg.tune_final_layer else 'frozen'}" if final else "")
+                         + (", image head over the patches (no [CLS])" if head.config.get("image_skip_cls") else ""))
         return head, train, val
 
     def place(self, data, device):
