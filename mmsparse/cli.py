@@ -16,6 +16,7 @@ import typer
 
 from .commands import encode_dense, eval as eval_cmd, index, inspect, search, sparsify, train_head
 from .commands import query as query_cmd, serve as serve_cmd
+from .commands import export as export_cmd, import_terms
 from .errors import InputError
 
 app = typer.Typer(
@@ -71,6 +72,8 @@ app.command("eval", no_args_is_help=True)(_recorded(eval_cmd.main))
 app.command("inspect", no_args_is_help=True)(_recorded(inspect.main))
 app.command("query", no_args_is_help=True)(_recorded(query_cmd.main))
 app.command("serve", no_args_is_help=True)(_recorded(serve_cmd.main))
+app.command("export", no_args_is_help=True)(_recorded(export_cmd.main))
+app.command("import", no_args_is_help=True)(_recorded(import_terms.main))
 
 
 def _click_command_line() -> str | None:

@@ -24,36 +24,45 @@ DATASET      ?= $(notdir $(abspath $(dir $(IMAGE_ROOT))))
 ENCODE_FLAGS ?=
 ENCODE_ARGS   = --backbone $(BACKBONE) --model $(MODEL) --dataset $(DATASET)
 
+# $(call ENCODE_RULES,DIR,FLAGS): the rules writing $(call dense_files,DIR) with `encode-dense ... FLAGS`
+# (stages/paper-joint.mk encodes a second directory with --final-layer-inputs); recipes expand late.
 ifeq ($(ANNOTATION_FORMAT),coco)
 SPLITS       := train val test
 COCO_VAL_JSON ?=
-dense_split   = $(DENSE_DIR)/$(1)-images.h5 $(DENSE_DIR)/$(1)-captions.h5 $(DENSE_DIR)/$(1).qrels
-DENSE_FILES  := $(call dense_split,train) $(call dense_split,val) $(call dense_split,test)
+dense_split   = $(1)/$(2)-images.h5 $(1)/$(2)-captions.h5 $(1)/$(2).qrels
+dense_files   = $(call dense_split,$(1),train) $(call dense_split,$(1),val) $(call dense_split,$(1),test)
 
-$(call dense_split,train) &: $(wildcard $(COCO_TRAIN_JSON))
-	$(MMSPARSE) encode-dense $(COCO_TRAIN_JSON) $(COCO_TRAIN_IMAGES) -o $(DENSE_DIR) $(ENCODE_ARGS) --split train $(ENCODE_FLAGS)
+define ENCODE_RULES
+$(call dense_split,$(1),train) &: $(wildcard $(COCO_TRAIN_JSON))
+	$$(MMSPARSE) encode-dense $$(COCO_TRAIN_JSON) $$(COCO_TRAIN_IMAGES) -o $(1) $$(ENCODE_ARGS) --split train $(2) $$(ENCODE_FLAGS)
 
-$(call dense_split,test) &: $(wildcard $(COCO_TEST_JSON))
-	$(MMSPARSE) encode-dense $(COCO_TEST_JSON) $(COCO_TEST_IMAGES) -o $(DENSE_DIR) $(ENCODE_ARGS) --split test $(ENCODE_FLAGS)
+$(call dense_split,$(1),test) &: $(wildcard $(COCO_TEST_JSON))
+	$$(MMSPARSE) encode-dense $$(COCO_TEST_JSON) $$(COCO_TEST_IMAGES) -o $(1) $$(ENCODE_ARGS) --split test $(2) $$(ENCODE_FLAGS)
 
 ifneq ($(strip $(COCO_VAL_JSON)),)
-$(call dense_split,val) &: $(wildcard $(COCO_VAL_JSON))
-	$(MMSPARSE) encode-dense $(COCO_VAL_JSON) $(COCO_VAL_IMAGES) -o $(DENSE_DIR) $(ENCODE_ARGS) --split val $(ENCODE_FLAGS)
+$(call dense_split,$(1),val) &: $(wildcard $(COCO_VAL_JSON))
+	$$(MMSPARSE) encode-dense $$(COCO_VAL_JSON) $$(COCO_VAL_IMAGES) -o $(1) $$(ENCODE_ARGS) --split val $(2) $$(ENCODE_FLAGS)
 else
-$(DENSE_DIR)/val-images.h5: $(DENSE_DIR)/test-images.h5
-	ln -sf $(<F) $@
-$(DENSE_DIR)/val-captions.h5: $(DENSE_DIR)/test-captions.h5
-	ln -sf $(<F) $@
-$(DENSE_DIR)/val.qrels: $(DENSE_DIR)/test.qrels
-	ln -sf $(<F) $@
+$(1)/val-images.h5: $(1)/test-images.h5
+	ln -sf $$(<F) $$@
+$(1)/val-captions.h5: $(1)/test-captions.h5
+	ln -sf $$(<F) $$@
+$(1)/val.qrels: $(1)/test.qrels
+	ln -sf $$(<F) $$@
 endif
+endef
 else
-DENSE_FILES  := $(foreach s,$(SPLITS),$(DENSE_DIR)/$(s)-images.h5 $(DENSE_DIR)/$(s)-captions.h5 $(DENSE_DIR)/$(s).qrels)
+dense_files   = $(foreach s,$(SPLITS),$(1)/$(s)-images.h5 $(1)/$(s)-captions.h5 $(1)/$(s).qrels)
 
-$(DENSE_FILES) &: $(wildcard $(KARPATHY_JSON))
-	$(MMSPARSE) encode-dense $(KARPATHY_JSON) $(IMAGE_ROOT) -o $(DENSE_DIR) $(ENCODE_ARGS) \
-	  $(addprefix --split ,$(SPLITS)) $(ENCODE_FLAGS)
+define ENCODE_RULES
+$(call dense_files,$(1)) &: $(wildcard $(KARPATHY_JSON))
+	$$(MMSPARSE) encode-dense $$(KARPATHY_JSON) $$(IMAGE_ROOT) -o $(1) $$(ENCODE_ARGS) \
+	  $$(addprefix --split ,$$(SPLITS)) $(2) $$(ENCODE_FLAGS)
+endef
 endif
+
+DENSE_FILES  := $(call dense_files,$(DENSE_DIR))
+$(eval $(call ENCODE_RULES,$(DENSE_DIR),))
 
 # An interrupted encode-dense resumes, and every split it finished is complete: Make must not delete them
 # when interrupted (or when a later split fails), as it does with a recipe's targets otherwise.

@@ -1,6 +1,8 @@
 # paper-d2s.mk — the D2S paper's pipeline (Table 1: one D2S head per η, exp = c, the paper's
 # settings) over any dataset and backbone: encode -> train -> sparsify -> index -> search -> eval ->
-# inspect -> the table with significance marks against dense. Included by examples/mscoco-blip and
+# inspect -> the table with significance marks against dense (and, by stages/paper-joint.mk, the joint
+# paper's `joint` and `joint-ablation` targets; by stages/paper-vdr.mk, the VDR paper's `vdr` and
+# `vdr-ablation`). Included by examples/mscoco-blip and
 # examples/flickr30k-albef, which set ROOT, WORK, DATA, MODEL, BACKBONE, DATASET and the annotation
 # files first (see their headers for every variable and its default).
 COCO_TRAIN_JSON   ?= $(DATA)/annotations/captions_train2017.json
@@ -30,6 +32,10 @@ $(foreach e,$(ETAS),$(eval HEAD_FLAGS_d2s-eta$(e) = --epochs $$(EPOCHS) --batch-
 DENSE_COMPARISONS ?= $(words $(ETAS))
 
 include $(ROOT)/stages/pipeline.mk
+# the joint paper's heads over the towers' final layers: `make joint`, `make joint-ablation`
+include $(ROOT)/stages/paper-joint.mk
+# the VDR paper's runs over the same final-layer inputs: `make vdr`, `make vdr-ablation`
+include $(ROOT)/stages/paper-vdr.mk
 
 # test images shown by `inspect` (default: the first INSPECT_N images of the test qrels, read when
 # the qrels exist)

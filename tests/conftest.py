@@ -68,10 +68,22 @@ def run_cli(capfd):
     return run
 
 
-# -- tiny models (shared by test_backbones, test_encode_dense) ---------------------------------
+# -- tiny models (shared by test_backbones, test_encode_dense, test_joint_backbones) ---------------------------------
 
 TINY_WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "dog", "cat", "runs", "on", "the", "grass",
               "red", "ball", ".", "##s"]
+TINY_TXT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                max_position_embeddings=16)
+TINY_VIS = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                image_size=32, patch_size=8)
+
+
+def _save_tiny(model, d: Path, image_processor, words: list[str]) -> Path:
+    from transformers import BertTokenizer
+    model.save_pretrained(d)
+    BertTokenizer(vocab={w: i for i, w in enumerate(words)}).save_pretrained(d)
+    image_processor.save_pretrained(d)
+    return d
 
 
 @pytest.fixture(scope="session")
@@ -86,18 +98,79 @@ def tiny_clip(tmp_path_factory, tiny_words) -> Path:
     CLIPImageProcessor: hidden 32 in both towers, 2 layers, 32x32 images in 8x8 patches (P = 17
     with [CLS]), projection_dim 24, max_position_embeddings 16."""
     import torch
-    from transformers import BertTokenizer, CLIPConfig, CLIPImageProcessor, CLIPModel
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
 
     torch.manual_seed(0)
-    d = tmp_path_factory.mktemp("tiny-clip")
-    txt = dict(vocab_size=len(tiny_words), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-               intermediate_size=64, max_position_embeddings=16, eos_token_id=3, pad_token_id=0)
-    vis = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-               image_size=32, patch_size=8)
-    CLIPModel(CLIPConfig(text_config=txt, vision_config=vis, projection_dim=24)).save_pretrained(d)
-    BertTokenizer(vocab={w: i for i, w in enumerate(tiny_words)}).save_pretrained(d)
-    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(d)
-    return d
+    txt = {**TINY_TXT, "vocab_size": len(tiny_words), "eos_token_id": 3, "pad_token_id": 0}
+    return _save_tiny(CLIPModel(CLIPConfig(text_config=txt, vision_config=TINY_VIS, projection_dim=24)),
+                      tmp_path_factory.mktemp("tiny-clip"),
+                      CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}), tiny_words)
+
+
+@pytest.fixture(scope="session")
+def tiny_blip(tmp_path_factory, tiny_words) -> Path:
+    """A randomly initialised BlipForImageTextRetrieval (seed 0; towers as tiny_clip's, ITC space 16-d;
+    vision weights drawn with std 0.02: BLIP's default 1e-10 gives hidden states of ~1e-9, which
+    float16 stores as 0)."""
+    import torch
+    from transformers import BlipConfig, BlipForImageTextRetrieval, BlipImageProcessor
+    torch.manual_seed(0)
+    cfg = BlipConfig(text_config={**TINY_TXT, "vocab_size": len(tiny_words)},
+                     vision_config={**TINY_VIS, "initializer_range": 0.02}, image_text_hidden_size=16)
+    return _save_tiny(BlipForImageTextRetrieval(cfg), tmp_path_factory.mktemp("blip"),
+                      BlipImageProcessor(size={"height": 32, "width": 32}), tiny_words)
+
+
+@pytest.fixture(scope="session")
+def tiny_siglip(tmp_path_factory, tiny_words) -> Path:
+    """A randomly initialised SiglipModel (seed 0; towers as tiny_clip's, no [CLS]: P = 16)."""
+    import torch
+    from transformers import SiglipConfig, SiglipImageProcessor, SiglipModel
+    torch.manual_seed(0)
+    cfg = SiglipConfig(text_config={**TINY_TXT, "vocab_size": len(tiny_words)}, vision_config=TINY_VIS)
+    return _save_tiny(SiglipModel(cfg), tmp_path_factory.mktemp("siglip"),
+                      SiglipImageProcessor(size={"height": 32, "width": 32}), tiny_words)
+
+
+def albef_checkpoint(tmp_path: Path, words: list[str], prefix: str = "text_encoder."):
+    """A tiny checkpoint in the official ALBEF key layout (timm ViT + xbert BERT + momentum copies, seed
+    0) saved as tmp_path/ALBEF.pth with a BertTokenizer over `words` and albef.json (2 heads):
+    (tmp_path, the state dict, the BertModel of its text-only layers). Width 32, 2 ViT blocks, 32x32
+    images in 8x8 patches, 2 text-only BERT layers (+ one fusion layer, unused), projections to 16."""
+    import torch
+    from transformers import BertConfig, BertModel, BertTokenizer
+    torch.manual_seed(0)
+    C, depth, patch, grid = 32, 2, 8, 4
+    sd = {"visual_encoder.cls_token": torch.randn(1, 1, C), "visual_encoder.pos_embed": torch.randn(1, grid * grid + 1, C),
+          "visual_encoder.patch_embed.proj.weight": torch.randn(C, 3, patch, patch) * 0.1,
+          "visual_encoder.patch_embed.proj.bias": torch.randn(C), "visual_encoder.norm.weight": torch.rand(C) + 0.5,
+          "visual_encoder.norm.bias": torch.randn(C)}
+    for i in range(depth):
+        b = f"visual_encoder.blocks.{i}."
+        for n, shape in (("norm1", (C,)), ("norm2", (C,)), ("attn.qkv", (3 * C, C)), ("attn.proj", (C, C)),
+                         ("mlp.fc1", (64, C)), ("mlp.fc2", (C, 64))):
+            sd[b + n + ".weight"] = torch.randn(shape) * (0.2 if len(shape) == 2 else 1) + (1 if len(shape) == 1 else 0)
+            sd[b + n + ".bias"] = torch.randn(shape[0]) * 0.1
+    bert = BertModel(BertConfig(vocab_size=len(words), hidden_size=C, num_hidden_layers=2, num_attention_heads=2,
+                                intermediate_size=64, max_position_embeddings=40), add_pooling_layer=False).eval()
+    sd.update({prefix + k: v for k, v in bert.state_dict().items()})
+    sd[prefix + "encoder.layer.2.crossattention.self.query.weight"] = torch.randn(C, C)  # fusion layer: unused
+    sd[prefix + "encoder.layer.2.attention.self.query.weight"] = torch.randn(C, C)
+    for n, shape in (("vision_proj", (16, C)), ("text_proj", (16, C))):
+        sd[n + ".weight"], sd[n + ".bias"] = torch.randn(shape), torch.randn(16)
+        sd[n + "_m.weight"] = torch.randn(shape)
+    sd.update({"temp": torch.tensor(0.07), "image_queue": torch.randn(16, 8), "itm_head.weight": torch.randn(2, C),
+               "visual_encoder_m.cls_token": torch.randn(1, 1, C)})
+    torch.save({"model": sd, "epoch": 3}, tmp_path / "ALBEF.pth")
+    BertTokenizer(vocab={w: i for i, w in enumerate(words)}).save_pretrained(tmp_path)
+    (tmp_path / "albef.json").write_text('{"vision_heads": 2, "text_heads": 2}')
+    return tmp_path, sd, bert
+
+
+@pytest.fixture(scope="session")
+def tiny_albef(tmp_path_factory, tiny_words) -> Path:
+    """albef_checkpoint's model directory (an official-layout ALBEF checkpoint, tiny)."""
+    return albef_checkpoint(tmp_path_factory.mktemp("albef"), tiny_words)[0]
 
 
 # -- a small collection every method trains on ------------------------------------------------

@@ -12,11 +12,9 @@ from mmsparse.backbones import backbone_from_attrs, load_backbone
 from mmsparse.backbones.hf_dual import features_tensor
 from mmsparse.errors import InputError
 
+from conftest import albef_checkpoint  # the tiny ALBEF checkpoint, shared with test_joint_backbones
+
 TEXTS = ["a dog runs on the grass .", "a red ball", "cats"]
-TXT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-           max_position_embeddings=16)
-VIS = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-           image_size=32, patch_size=8)
 
 
 def _images(n=3):
@@ -24,34 +22,8 @@ def _images(n=3):
     return [Image.fromarray(rng.integers(0, 255, (40 + 7 * i, 48, 3), dtype=np.uint8)) for i in range(n)]
 
 
-def _save(model, tmp_path, image_processor, words):
-    from transformers import BertTokenizer
-    model.save_pretrained(tmp_path)
-    BertTokenizer(vocab={w: i for i, w in enumerate(words)}).save_pretrained(tmp_path)
-    image_processor.save_pretrained(tmp_path)
-    return tmp_path
-
-
 def _l2(x):
     return x / np.linalg.norm(x, axis=-1, keepdims=True)
-
-
-@pytest.fixture(scope="module")
-def tiny_blip(tmp_path_factory, tiny_words):
-    from transformers import BlipConfig, BlipForImageTextRetrieval, BlipImageProcessor
-    torch.manual_seed(0)
-    cfg = BlipConfig(text_config={**TXT, "vocab_size": len(tiny_words)}, vision_config=VIS, image_text_hidden_size=16)
-    return _save(BlipForImageTextRetrieval(cfg), tmp_path_factory.mktemp("blip"),
-                 BlipImageProcessor(size={"height": 32, "width": 32}), tiny_words)
-
-
-@pytest.fixture(scope="module")
-def tiny_siglip(tmp_path_factory, tiny_words):
-    from transformers import SiglipConfig, SiglipImageProcessor, SiglipModel
-    torch.manual_seed(0)
-    cfg = SiglipConfig(text_config={**TXT, "vocab_size": len(tiny_words)}, vision_config=VIS)
-    return _save(SiglipModel(cfg), tmp_path_factory.mktemp("siglip"),
-                 SiglipImageProcessor(size={"height": 32, "width": 32}), tiny_words)
 
 
 def test_blip_itc_equals_projection_of_cls(tiny_blip, tiny_words):
@@ -98,12 +70,15 @@ def test_dual_encoders_match_get_features(name, tiny_clip, tiny_siglip):
     assert img["patch_states"].shape[0] == 3 and img["patch_states"].shape[2] == 32
     p = bb.projections()
     if name == "siglip":
-        assert p == {} and bb.dim == 32 and bb.text_padding == "max_length"
+        assert bb.dim == 32 and bb.text_padding == "max_length"
         assert txt["token_mask"].shape == (3, bb.max_length)
+        assert p.keys() == {"image_proj_weight", "text_proj_weight"}   # no projection layers: identities
+        assert all(np.array_equal(w, np.eye(32, dtype=np.float32)) for w in p.values())
     else:
         assert bb.dim == 24
-        np.testing.assert_allclose(img["vectors"], _l2(img["pre_projection"] @ p["image_proj_weight"].T), atol=1e-5)
-        np.testing.assert_allclose(txt["vectors"], _l2(txt["pre_projection"] @ p["text_proj_weight"].T), atol=1e-5)
+    # vectors = normalize(pre_projection @ Wᵀ) for every backbone
+    np.testing.assert_allclose(img["vectors"], _l2(img["pre_projection"] @ p["image_proj_weight"].T), atol=1e-5)
+    np.testing.assert_allclose(txt["vectors"], _l2(txt["pre_projection"] @ p["text_proj_weight"].T), atol=1e-5)
 
 
 def test_wrong_class_and_missing_model(tiny_blip, tmp_path):
@@ -126,37 +101,6 @@ def test_real_dual_encoder_vocab_and_rebuild(dual_encoder_dir):
     assert v.shape == (1, 512) and abs(float(np.linalg.norm(v)) - 1) < 1e-5
 
 
-def _albef_dir(tmp_path, words, prefix="text_encoder."):
-    """A tiny checkpoint in the official ALBEF key layout (timm ViT + xbert BERT + momentum copies)."""
-    from transformers import BertConfig, BertModel, BertTokenizer
-    torch.manual_seed(0)
-    C, depth, patch, grid = 32, 2, 8, 4
-    sd = {"visual_encoder.cls_token": torch.randn(1, 1, C), "visual_encoder.pos_embed": torch.randn(1, grid * grid + 1, C),
-          "visual_encoder.patch_embed.proj.weight": torch.randn(C, 3, patch, patch) * 0.1,
-          "visual_encoder.patch_embed.proj.bias": torch.randn(C), "visual_encoder.norm.weight": torch.rand(C) + 0.5,
-          "visual_encoder.norm.bias": torch.randn(C)}
-    for i in range(depth):
-        b = f"visual_encoder.blocks.{i}."
-        for n, shape in (("norm1", (C,)), ("norm2", (C,)), ("attn.qkv", (3 * C, C)), ("attn.proj", (C, C)),
-                         ("mlp.fc1", (64, C)), ("mlp.fc2", (C, 64))):
-            sd[b + n + ".weight"] = torch.randn(shape) * (0.2 if len(shape) == 2 else 1) + (1 if len(shape) == 1 else 0)
-            sd[b + n + ".bias"] = torch.randn(shape[0]) * 0.1
-    bert = BertModel(BertConfig(vocab_size=len(words), hidden_size=C, num_hidden_layers=2, num_attention_heads=2,
-                                intermediate_size=64, max_position_embeddings=40), add_pooling_layer=False).eval()
-    sd.update({prefix + k: v for k, v in bert.state_dict().items()})
-    sd[prefix + "encoder.layer.2.crossattention.self.query.weight"] = torch.randn(C, C)  # fusion layer: unused
-    sd[prefix + "encoder.layer.2.attention.self.query.weight"] = torch.randn(C, C)
-    for n, shape in (("vision_proj", (16, C)), ("text_proj", (16, C))):
-        sd[n + ".weight"], sd[n + ".bias"] = torch.randn(shape), torch.randn(16)
-        sd[n + "_m.weight"] = torch.randn(shape)
-    sd.update({"temp": torch.tensor(0.07), "image_queue": torch.randn(16, 8), "itm_head.weight": torch.randn(2, C),
-               "visual_encoder_m.cls_token": torch.randn(1, 1, C)})
-    torch.save({"model": sd, "epoch": 3}, tmp_path / "ALBEF.pth")
-    BertTokenizer(vocab={w: i for i, w in enumerate(words)}).save_pretrained(tmp_path)
-    (tmp_path / "albef.json").write_text('{"vision_heads": 2, "text_heads": 2}')
-    return tmp_path, sd, bert
-
-
 def _timm_vit_cls(sd, x, heads=2, depth=2, patch=8):
     """Reference forward of ALBEF's timm-style VisionTransformer -> final-norm [CLS] state."""
     import torch.nn.functional as F
@@ -177,7 +121,7 @@ def _timm_vit_cls(sd, x, heads=2, depth=2, patch=8):
 @pytest.mark.parametrize("prefix", ["text_encoder.", "text_encoder.bert."])
 def test_albef_official_keys(tmp_path, tiny_words, prefix):
     from mmsparse.backbones.albef import pre_caption
-    d, sd, bert = _albef_dir(tmp_path, tiny_words, prefix)
+    d, sd, bert = albef_checkpoint(tmp_path, tiny_words, prefix)
     bb = load_backbone("albef", d, "cpu")
     assert bb.dim == 16 and bb.word_embeddings().shape == (len(tiny_words), 32)
     pv = bb.preprocess_images(_images())
@@ -196,12 +140,12 @@ def test_albef_official_keys(tmp_path, tiny_words, prefix):
 
 
 def test_albef_bad_keys(tmp_path, tiny_words):
-    d, sd, _ = _albef_dir(tmp_path, tiny_words)
+    d, sd, _ = albef_checkpoint(tmp_path, tiny_words)
     del sd["visual_encoder.blocks.1.mlp.fc2.bias"]
     torch.save({"model": sd}, d / "ALBEF.pth")
     with pytest.raises(InputError, match=r"vision encoder: missing \[.*1\..*bias"):
         load_backbone("albef", d, "cpu")
-    d, sd, _ = _albef_dir(tmp_path, tiny_words)
+    d, sd, _ = albef_checkpoint(tmp_path, tiny_words)
     sd["visual_encoder.blocks.0.extra.weight"] = torch.zeros(1)
     torch.save({"model": sd}, d / "ALBEF.pth")
     with pytest.raises(InputError, match="unexpected checkpoint key.*extra"):

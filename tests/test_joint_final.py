@@ -125,15 +125,6 @@ def test_frozen_final_layer_keeps_the_backbone_weights(final_run, tmp_path):
     assert torch.equal(w["image_final.conv.weight"], bb.net.vision_model.encoder.top_conv.weight)
 
 
-def test_backbones_without_a_known_final_layer_refuse_the_flag(tiny_clip, flickr8k_dir, run_cli, tmp_path):
-    code, _, err = run_cli("encode-dense", flickr8k_dir / "dataset_flickr8k.json", flickr8k_dir / "images",
-                             "--model", tiny_clip, "--backbone", "clip", "--split", "test", "--limit", "2",
-                             "--final-layer-inputs", "-o", tmp_path / "d")
-    errors = [x for x in err.splitlines() if x.startswith("mmsparse: error")]
-    assert code == 2 and len(errors) == 1 and "no known final layer" in errors[0]
-    assert not (tmp_path / "d").exists() or not list((tmp_path / "d").glob("*.h5"))
-
-
 def test_query_encodes_through_the_final_layers(final_run, tmp_path):
     """`query` with a final-layer head: its text query is the caption's sparsify row (the query
     encoder stores final-layer inputs and the head runs its tuned layers on them)."""

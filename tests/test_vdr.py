@@ -182,3 +182,67 @@ def test_train_and_sparsify_vdr(vdr_run):
     r = run.invoke(app, ["sparsify", str(head_dir), str(root / "val-captions.h5"), "-o", str(root / "x.h5"),
                          "--query-mode", "caption-terms"])
     assert isinstance(r.exception, InputError) and "vdr" in str(r.exception)
+
+
+def test_max_pool_sends_each_terms_gradient_to_its_arg_max_position():
+    """With a frozen-free input (tuned final layers), dx of the max pool equals autograd's on the
+    dense reference, for padded text rows and for equal-length image rows (one product)."""
+    torch.manual_seed(1)
+    for mask_rows in (True, False):
+        h = DSTHead(8, 50)
+        h.chunk = 2
+        x = torch.randn(5, 7, 8, requires_grad=True)
+        mask = None
+        if mask_rows:
+            mask = (torch.rand(5, 7) > 0.4).float()
+            mask[:, 0] = 1
+        g = torch.randn(5, 50) * (torch.rand(5, 50) > 0.5)
+        (h(x, mask) * g).sum().backward()
+        x2 = x.detach().clone().requires_grad_()
+        u = F.layer_norm(x2, (8,)) @ h.proj.weight.detach().T + h.proj.bias.detach()
+        keep = torch.ones(5, 7, dtype=torch.bool) if mask is None else mask.bool()
+        (elu1p(u.masked_fill(~keep.unsqueeze(-1), float("-inf")).amax(1)) * g).sum().backward()
+        assert torch.allclose(x.grad, x2.grad, atol=1e-6)
+
+
+def test_mean_pooling_head_matches_its_definition():
+    torch.manual_seed(2)
+    h = DSTHead(8, 20, pool="mean")
+    x = torch.randn(3, 6, 8)
+    mask = torch.tensor([[1, 1, 1, 0, 0, 0], [1] * 6, [1, 0, 0, 0, 0, 0]], dtype=torch.float32)
+    ln = F.layer_norm(x, (8,))
+    mean = (ln * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True)
+    want = elu1p(mean @ h.proj.weight.detach().T + h.proj.bias.detach())
+    assert torch.allclose(h(x, mask), want, atol=1e-6)
+    with pytest.raises(ValueError):
+        DSTHead(8, 20, pool="sum")
+
+
+def test_batches_by_image_bring_each_image_with_all_its_captions():
+    """--batch-by image: a batch holds each of its images' captions together (5 per image here);
+    --batch-by caption (the default): the captions of a batch name distinct images where possible.
+    Both epochs visit every caption once."""
+    from mmsparse.methods.vdr.data import Split, batches
+
+    class Rows:
+        def __init__(self, n, p):
+            self.n, self.fixed, self.p = n, False, p
+
+        def read_rows(self, rows):
+            return np.asarray(rows, dtype=np.float32)[:, None, None].repeat(self.p, 1), None
+
+    n_img = 40
+    cap_img = np.repeat(np.arange(n_img), 5)
+    split = Split(Rows(len(cap_img), 2), Rows(n_img, 3), cap_img, [], [], [])
+    for by_image in (True, False):
+        seen = []
+        for rows, _, _, xi, local, _ in batches(split, 20, torch.Generator().manual_seed(0), block=50,
+                                                buffer_rows=100, by_image=by_image):
+            seen += list(rows)
+            imgs = cap_img[rows]
+            if by_image:
+                assert len(set(imgs)) == 4 and all((imgs == i).sum() == 5 for i in set(imgs))
+            else:
+                assert len(set(imgs)) == len(rows)              # 20 distinct images of the 20 in the buffer
+            assert np.array_equal(xi[local][:, 0, 0], imgs)        # each caption's image column
+        assert sorted(seen) == list(range(len(cap_img)))

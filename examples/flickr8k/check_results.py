@@ -6,7 +6,8 @@ Reads WORK/eval/dense.json, sparse.json (expanded queries), sparse-caption-terms
 sparse-inference-free.json (the inference-free head's queries), written by
 `make -C examples/flickr8k`, and exits 1 naming every claim that no longer holds. CI runs it
 after the main job, so the README's results table cannot drift from the code. The bounds below
-are the README's ("Results of the main job"); change both together.
+are the README's ("Results of the main job"); change both together. It also runs check_export.py
+(the exported heads reproduce their vectors in sentence-transformers).
 """
 
 from __future__ import annotations
@@ -79,8 +80,10 @@ def check(work: Path) -> list[str]:
 
 
 if __name__ == "__main__":
+    from check_export import check as check_export   # README "Use with other tools" (sentence-transformers)
+
     work = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent / "work"
-    failed = check(work)
+    failed = check(work) + check_export(work)
     if failed:
         print(f"{len(failed)} README claim(s) no longer hold:", *failed, sep="\n  ", file=sys.stderr)
         sys.exit(1)

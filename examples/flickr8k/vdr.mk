@@ -1,84 +1,174 @@
-# vdr.mk — VDR (issue 7) on Flickr8k, included by the example Makefile.
+# vdr.mk — VDR (Zhou et al., ICLR 2024) on Flickr8k over the towers' final layers, against the dense model
+# trained alike (VDR paper Table 2, Figure 3, Fig. 7). Included by the example Makefile (after joint.mk).
 #
-#   make -C examples/flickr8k vdr    encode states -> train-head --method vdr -> sparsify (documents top-k,
-#                                    parametric `vdr` and bag-of-words `bow` queries) -> index -> search ->
-#                                    eval -> the table (dense, D2S if already evaluated, VDR, VDR^α, k sweep)
+#   make -C examples/flickr8k vdr            Table 2 in shape: the shipped dense model, the dense model trained
+#                                            alike (CLIP's loss on the same final layers, projections, data and
+#                                            schedule), VDR and VDR^α at the k chosen on validation (512) and at the
+#                                            paper's share of the vocabulary (k = 48 of 2,810 terms),
+#                                            D2S for reference (when the main job has run); R@k ± standard error,
+#                                            FLOPs, † = paired t-test vs the dense model trained alike; Fig. 7 (word
+#                                            clouds of the mean term weights over the test images, with and without
+#                                            the bag-of-words entry) and the validation curve
+#   make -C examples/flickr8k vdr-ablation   Figure 3 in shape: without the contrastive mask, without the
+#                                            bag-of-words entry, mean instead of max pooling, and the final layers
+#                                            frozen (VDR on the stored states), † vs the full VDR
 #
-#   VDR_DENSE_DIR  dense files with token/patch states (default: $(WORK)/dense/$(BACKBONE)-states)
-#   VDR_FLAGS      train-head flags of the VDR head (default: the CPU schedule below; VDR's own defaults
-#                  are the paper's, see --help)
-#   VDR_K          k of both sides in eval/vdr.json and vdr-bow.json (default 512 = k = d of the dense
-#                  model, as the paper's §4.3 and App. A)
-#   VDR_SWEEP      k values of the sweep (default 32 64 128 256 512, as App. E Table 7)
+# Inputs: $(VDR_STATES)/{train,val,test}-{images,captions}.h5, the final-layer inputs of `encode-dense
+# --final-layer-inputs` (joint.mk's rule: encoded once for `make vdr` and `make joint`).
+# Heads: $(WORK)/heads/vdr, vdr-nobow, vdr-dense (+ vdr-nomask, vdr-mean, vdr-frozen for the ablation).
+# Outputs: $(WORK)/eval/vdr-table.md (Table 2, † vs the dense model trained alike), vdr-se.md (± standard errors),
+#          vdr-ablation.md (parametric queries), vdr-ablation-bow.md (VDR^α), vdr-ablation-se.md;
+#          $(WORK)/plots/vdr-clouds.png (Fig. 7), vdr-curve.png.
 #
-# Outputs: $(WORK)/heads/vdr/, $(WORK)/eval/vdr.json (parametric queries), vdr-bow.json (VDR^α),
-#          vdr-k{K}.json / vdr-bow-k{K}.json per swept k, and the table $(WORK)/eval/vdr-table.md.
-VDR_DENSE_DIR ?= $(WORK)/dense/$(BACKBONE)-states
-# VDR's defaults are the paper's (App. A: 20 epochs, batch 4096, cosine, 30,522 terms, k = 512): hours on
-# 2 CPU cores. The example trains the CPU schedule of earlier releases, explicitly: one epoch of
-# 256-pair steps on the 2,810 terms seen in >= 5 training captions. At that vocabulary k = 512 keeps
-# 18 % of the terms (the paper: 1.7 %), so the contrastive mask is nearly inactive; compare k = 32-64
-# in the sweep (VDR_SWEEP) for the paper's sparsity. See docs/vdr.md.
-VDR_FLAGS     ?= --epochs 1 --batch-size 256 --lr 1e-3 --lr-warmup 0.1 --lr-schedule cosine --vocab-min-df 5
-VDR_K         ?= 512
-VDR_SWEEP     ?= 32 64 128 256 512
-VDR_SPLITS    := train val test
-VDR_DENSE     := $(foreach s,$(VDR_SPLITS),$(VDR_DENSE_DIR)/$(s)-images.h5 $(VDR_DENSE_DIR)/$(s)-captions.h5 $(VDR_DENSE_DIR)/$(s).qrels)
-VDR_QRELS     := $(VDR_DENSE_DIR)/$(EVAL_SPLIT).qrels
-VDR_HEAD      := $(WORK)/heads/vdr
+#   VDR_SCHEDULE     flags both VDR and the dense baseline train with (the schedule; see below)
+#   VDR_FLAGS        VDR's own flags on top (vocabulary, k, image init)
+#   VDR_DENSE_FLAGS  the dense baseline's own flags on top
+#   VDR_K            the k of documents and parametric queries (default 512, chosen on validation: the paper's
+#                    k = d); VDR_K_PAPER the table's second sparsity (default 48: 1.7 % of the 2,810 terms, the
+#                    paper's share of its 30,522)
+VDR_STATES      ?= $(JOINT_STATES)
+# The schedule, chosen on validation (docs/vdr.md "Schedule"; VDR's defaults are the paper's App. A: 20 epochs
+# of batch 4096 at 2e-4 on 30,522 terms, days of CPU here):
+VDR_SCHEDULE    ?= --epochs 4 --batch-size 256 --lr 1e-3 --lr-warmup 0.1 --lr-schedule cosine --batch-by image \
+                   --final-lr 1e-4 --select-metric R@10
+VDR_FLAGS       ?= --vocab-min-df 5 --vdr-train-k 48 --vdr-query-k 512 --vdr-doc-k 512 --vdr-image-init words
+VDR_DENSE_FLAGS ?=
+VDR_K           ?= 512
+VDR_K_PAPER     ?= 48
+VDR_QRELS       := $(VDR_STATES)/$(EVAL_SPLIT).qrels
+VDR_INPUTS       = $(VDR_STATES)/train-images.h5 $(VDR_STATES)/train-captions.h5 \
+                   $(VDR_STATES)/val-images.h5 $(VDR_STATES)/val-captions.h5
+# k of the word clouds' image vectors: every term (clamped to |V|), the mean of the whole V(x)
+VDR_ALL         := 1000000
+PYTHON          ?= python
 
-# bm25v.mk already has a rule for the training images (same command, a subset of the extras): leave it that file
-$(filter-out $(BM25V_TRAIN),$(VDR_DENSE)) &: $(KARPATHY_JSON)
-	$(MMSPARSE) encode-dense $(KARPATHY_JSON) $(IMAGE_ROOT) -o $(VDR_DENSE_DIR) --backbone $(BACKBONE) \
-	  --model $(MODEL) --dataset $(DATASET) $(addprefix --split ,$(VDR_SPLITS)) \
-	  --pre-projection --token-states --patch-states $(ENCODE_FLAGS)
+# per-head flags
+VDR_VARIANT_vdr-nobow  = --no-vdr-np-entry
+VDR_VARIANT_vdr-nomask = --no-vdr-cts-mask
+VDR_VARIANT_vdr-mean   = --vdr-pool mean
+VDR_VARIANT_vdr-frozen = --freeze-final-layer
 
-$(VDR_HEAD)/config.json: $(VDR_DENSE)
-	$(MMSPARSE) train-head --method vdr $(VDR_DENSE_DIR)/train-images.h5 $(VDR_DENSE_DIR)/train-captions.h5 \
-	  --val-images $(VDR_DENSE_DIR)/val-images.h5 --val-captions $(VDR_DENSE_DIR)/val-captions.h5 \
-	  -o $(@D) $(VDR_FLAGS) $(TRAIN_FLAGS)
+define VDR_HEAD_RULES
+$(WORK)/heads/$(1)/config.json: $(VDR_INPUTS)
+	$(MMSPARSE) train-head --method vdr $(VDR_STATES)/train-images.h5 $(VDR_STATES)/train-captions.h5 \
+	  --val-images $(VDR_STATES)/val-images.h5 --val-captions $(VDR_STATES)/val-captions.h5 \
+	  -o $$(@D) $(VDR_SCHEDULE) $(VDR_FLAGS) $(VDR_VARIANT_$(1)) $(TRAIN_FLAGS)
 
-$(WORK)/sparse/vdr/$(EVAL_SPLIT)-captions.bow.h5: $(VDR_HEAD)/config.json
-	$(MMSPARSE) sparsify $(VDR_HEAD) $(VDR_DENSE_DIR)/$(EVAL_SPLIT)-captions.h5 -o $@ --query-mode bow
+$(WORK)/sparse/$(1)/$(EVAL_SPLIT)-captions.bow.h5: $(WORK)/heads/$(1)/config.json
+	$(MMSPARSE) sparsify $(WORK)/heads/$(1) $(VDR_STATES)/$(EVAL_SPLIT)-captions.h5 -o $$@ --query-mode bow $(SPARSIFY_FLAGS)
+endef
 
-# One k: documents with top-k, parametric queries with top-k, both query kinds searched and evaluated.
+# One head $(1) at one k $(2): documents and parametric queries with top-k, both query kinds searched and
+# evaluated ($(3), $(4): the reference runs of the paired tests of parametric and bag-of-words queries)
 define VDR_K_RULES
-$(WORK)/sparse/vdr/$(EVAL_SPLIT)-images.k$(1).h5: $(VDR_HEAD)/config.json
-	$(MMSPARSE) sparsify $(VDR_HEAD) $(VDR_DENSE_DIR)/$(EVAL_SPLIT)-images.h5 -o $$@ --vdr-doc-k $(1)
+$(WORK)/sparse/$(1)/$(EVAL_SPLIT)-images.k$(2).h5: $(WORK)/heads/$(1)/config.json
+	$(MMSPARSE) sparsify $(WORK)/heads/$(1) $(VDR_STATES)/$(EVAL_SPLIT)-images.h5 -o $$@ --vdr-doc-k $(2) $(SPARSIFY_FLAGS)
 
-$(WORK)/sparse/vdr/$(EVAL_SPLIT)-captions.vdr.k$(1).h5: $(VDR_HEAD)/config.json
-	$(MMSPARSE) sparsify $(VDR_HEAD) $(VDR_DENSE_DIR)/$(EVAL_SPLIT)-captions.h5 -o $$@ --query-mode vdr --vdr-query-k $(1)
+$(WORK)/sparse/$(1)/$(EVAL_SPLIT)-captions.vdr.k$(2).h5: $(WORK)/heads/$(1)/config.json
+	$(MMSPARSE) sparsify $(WORK)/heads/$(1) $(VDR_STATES)/$(EVAL_SPLIT)-captions.h5 -o $$@ --query-mode vdr \
+	  --vdr-query-k $(2) $(SPARSIFY_FLAGS)
 
-$(WORK)/index/vdr-k$(1)/mmsparse.json: $(WORK)/sparse/vdr/$(EVAL_SPLIT)-images.k$(1).h5
+$(WORK)/index/$(1)-k$(2)/mmsparse.json: $(WORK)/sparse/$(1)/$(EVAL_SPLIT)-images.k$(2).h5
 	$(MMSPARSE) index $$< -o $$(@D) $(INDEX_FLAGS)
 
-$(WORK)/runs/vdr-k$(1).trec: $(WORK)/index/vdr-k$(1)/mmsparse.json $(WORK)/sparse/vdr/$(EVAL_SPLIT)-captions.vdr.k$(1).h5
+$(WORK)/runs/$(1)-k$(2).trec: $(WORK)/index/$(1)-k$(2)/mmsparse.json $(WORK)/sparse/$(1)/$(EVAL_SPLIT)-captions.vdr.k$(2).h5
 	$(MMSPARSE) search $$(<D) $$(word 2,$$^) -o $$@ --k $(K) $(SEARCH_FLAGS)
 
-$(WORK)/runs/vdr-bow-k$(1).trec: $(WORK)/index/vdr-k$(1)/mmsparse.json $(WORK)/sparse/vdr/$(EVAL_SPLIT)-captions.bow.h5
+$(WORK)/runs/$(1)-bow-k$(2).trec: $(WORK)/index/$(1)-k$(2)/mmsparse.json $(WORK)/sparse/$(1)/$(EVAL_SPLIT)-captions.bow.h5
 	$(MMSPARSE) search $$(<D) $$(word 2,$$^) -o $$@ --k $(K) $(SEARCH_FLAGS)
 
-$(WORK)/eval/vdr-k$(1).json: $(WORK)/runs/vdr-k$(1).trec $(WORK)/sparse/vdr/$(EVAL_SPLIT)-captions.vdr.k$(1).h5 $(WORK)/sparse/vdr/$(EVAL_SPLIT)-images.k$(1).h5
-	$(MMSPARSE) eval $$< $(VDR_QRELS) -o $$@ --queries $$(word 2,$$^) --docs $$(word 3,$$^) $(EVAL_FLAGS)
+$(WORK)/eval/$(1)-k$(2).json: $(WORK)/runs/$(1)-k$(2).trec $(WORK)/sparse/$(1)/$(EVAL_SPLIT)-captions.vdr.k$(2).h5 $(WORK)/sparse/$(1)/$(EVAL_SPLIT)-images.k$(2).h5 $(3)
+	$(MMSPARSE) eval $$< $(VDR_QRELS) -o $$@ --queries $$(word 2,$$^) --docs $$(word 3,$$^) --dense-run $(3) $(EVAL_FLAGS)
 
-$(WORK)/eval/vdr-bow-k$(1).json: $(WORK)/runs/vdr-bow-k$(1).trec $(WORK)/sparse/vdr/$(EVAL_SPLIT)-captions.bow.h5 $(WORK)/sparse/vdr/$(EVAL_SPLIT)-images.k$(1).h5
-	$(MMSPARSE) eval $$< $(VDR_QRELS) -o $$@ --queries $$(word 2,$$^) --docs $$(word 3,$$^) $(EVAL_FLAGS)
+$(WORK)/eval/$(1)-bow-k$(2).json: $(WORK)/runs/$(1)-bow-k$(2).trec $(WORK)/sparse/$(1)/$(EVAL_SPLIT)-captions.bow.h5 $(WORK)/sparse/$(1)/$(EVAL_SPLIT)-images.k$(2).h5 $(4)
+	$(MMSPARSE) eval $$< $(VDR_QRELS) -o $$@ --queries $$(word 2,$$^) --docs $$(word 3,$$^) --dense-run $(4) $(EVAL_FLAGS)
 endef
-$(foreach k,$(sort $(VDR_SWEEP) $(VDR_K)),$(eval $(call VDR_K_RULES,$(k))))
 
-$(WORK)/eval/vdr.json: $(WORK)/eval/vdr-k$(VDR_K).json
-	cp $< $@
-$(WORK)/eval/vdr-bow.json: $(WORK)/eval/vdr-bow-k$(VDR_K).json
-	cp $< $@
+VDR_ABLATION_HEADS := vdr-nomask vdr-nobow vdr-mean vdr-frozen
+VDR_DENSE_RUN      := $(WORK)/runs/vdr-dense.trec
+$(foreach h,vdr $(VDR_ABLATION_HEADS),$(eval $(call VDR_HEAD_RULES,$(h))))
+$(foreach k,$(sort $(VDR_K) $(VDR_K_PAPER)),$(eval $(call VDR_K_RULES,vdr,$(k),$(VDR_DENSE_RUN),$(VDR_DENSE_RUN))))
+$(foreach h,$(VDR_ABLATION_HEADS),$(eval $(call VDR_K_RULES,$(h),$(VDR_K),$(WORK)/runs/vdr-k$(VDR_K).trec,$(WORK)/runs/vdr-bow-k$(VDR_K).trec)))
 
-VDR_SWEEP_EVALS := $(foreach k,$(VDR_SWEEP),$(WORK)/eval/vdr-k$(k).json $(WORK)/eval/vdr-bow-k$(k).json)
+# whole V(x) of the test images (no gate) for the word clouds
+$(WORK)/sparse/%/$(EVAL_SPLIT)-images.all.h5: $(WORK)/heads/%/config.json
+	$(MMSPARSE) sparsify $(WORK)/heads/$* $(VDR_STATES)/$(EVAL_SPLIT)-images.h5 -o $@ --vdr-doc-k $(VDR_ALL) --allow-dense
 
-.PHONY: vdr vdr-table
-vdr: vdr-table
+# The dense model trained alike (train-head --method dense: its sparsify writes the tuned dense vectors) and the
+# shipped dense model (the final-layer files' own `vectors`), both served by Faiss (exact inner product)
+$(WORK)/heads/vdr-dense/config.json: $(VDR_INPUTS)
+	$(MMSPARSE) train-head --method dense $(VDR_STATES)/train-images.h5 $(VDR_STATES)/train-captions.h5 \
+	  --val-images $(VDR_STATES)/val-images.h5 --val-captions $(VDR_STATES)/val-captions.h5 \
+	  -o $(@D) $(VDR_SCHEDULE) $(VDR_DENSE_FLAGS) $(TRAIN_FLAGS)
 
-# dense, D2S (its expanded-query row, only if the main pipeline evaluated it), VDR, VDR^α, then the sweep
-vdr-table: $(WORK)/eval/dense.json $(WORK)/eval/vdr.json $(WORK)/eval/vdr-bow.json $(VDR_SWEEP_EVALS)
-	$(MMSPARSE) eval --table $(WORK)/eval/dense.json $(wildcard $(WORK)/eval/sparse.json) $(WORK)/eval/vdr.json \
-	  $(WORK)/eval/vdr-bow.json $(VDR_SWEEP_EVALS) \
-	  --column R@1 --column R@5 --column R@10 --column RR@10 --column FLOPs --column query_terms --column doc_terms \
-	  -o $(WORK)/eval/vdr-table.md
+$(WORK)/dense/vdr-dense/$(EVAL_SPLIT)-%.h5: $(WORK)/heads/vdr-dense/config.json $(VDR_STATES)/$(EVAL_SPLIT)-%.h5
+	$(MMSPARSE) sparsify $(<D) $(word 2,$^) -o $@
+
+$(WORK)/index/vdr-dense/mmsparse.json: $(WORK)/dense/vdr-dense/$(EVAL_SPLIT)-images.h5
+	$(MMSPARSE) index $< -o $(@D) $(DENSE_INDEX_FLAGS)
+$(WORK)/index/vdr-shipped/mmsparse.json: $(VDR_STATES)/$(EVAL_SPLIT)-images.h5
+	$(MMSPARSE) index $< -o $(@D) $(DENSE_INDEX_FLAGS)
+
+$(WORK)/runs/vdr-dense.trec: $(WORK)/index/vdr-dense/mmsparse.json $(WORK)/dense/vdr-dense/$(EVAL_SPLIT)-captions.h5
+	$(MMSPARSE) search $(<D) $(word 2,$^) -o $@ --k $(K) $(SEARCH_FLAGS)
+$(WORK)/runs/vdr-shipped.trec: $(WORK)/index/vdr-shipped/mmsparse.json $(VDR_STATES)/$(EVAL_SPLIT)-captions.h5
+	$(MMSPARSE) search $(<D) $(word 2,$^) -o $@ --k $(K) $(SEARCH_FLAGS)
+
+$(WORK)/eval/vdr-dense.json: $(WORK)/runs/vdr-dense.trec
+	$(MMSPARSE) eval $< $(VDR_QRELS) -o $@ $(EVAL_FLAGS)
+$(WORK)/eval/vdr-shipped.json: $(WORK)/runs/vdr-shipped.trec $(VDR_DENSE_RUN)
+	$(MMSPARSE) eval $< $(VDR_QRELS) -o $@ --dense-run $(VDR_DENSE_RUN) $(EVAL_FLAGS)
+
+.PHONY: vdr vdr-table vdr-clouds vdr-curve vdr-ablation
+vdr: vdr-table vdr-clouds vdr-curve
+
+VDR_COLUMNS = --column R@1 --column R@5 --column R@10 --column RR@10 --column FLOPs --column query_terms --column doc_terms
+# D2S (the main job's expanded-query head) only when the main job has searched with it, tested against the dense
+# model trained alike like the other rows
+VDR_D2S_RUN = $(wildcard $(WORK)/runs/$(HEAD).expand.trec)
+VDR_D2S     = $(if $(VDR_D2S_RUN),$(WORK)/eval/vdr-d2s.json)
+$(WORK)/eval/vdr-d2s.json: $(VDR_D2S_RUN) $(VDR_DENSE_RUN)
+	$(MMSPARSE) eval $< $(VDR_QRELS) -o $@ --queries $(WORK)/sparse/$(HEAD)/$(EVAL_SPLIT)-captions.expand.h5 \
+	  --docs $(WORK)/sparse/$(HEAD)/$(EVAL_SPLIT)-images.h5 --dense-run $(VDR_DENSE_RUN) $(EVAL_FLAGS)
+VDR_EVALS   = $(WORK)/eval/vdr-shipped.json $(WORK)/eval/vdr-dense.json \
+              $(foreach k,$(VDR_K) $(VDR_K_PAPER),$(WORK)/eval/vdr-k$(k).json $(WORK)/eval/vdr-bow-k$(k).json)
+VDR_LABELS  = --label "shipped dense" --label "dense trained alike" --label "VDR (k=$(VDR_K))" --label "VDR^α (k=$(VDR_K))" \
+              --label "VDR (k=$(VDR_K_PAPER))" --label "VDR^α (k=$(VDR_K_PAPER))" $(if $(VDR_D2S),--label "D2S (main job)")
+vdr-table: $(VDR_EVALS) $(VDR_D2S)
+	$(MMSPARSE) eval --table $(VDR_EVALS) $(VDR_D2S) $(VDR_LABELS) $(VDR_COLUMNS) -o $(WORK)/eval/vdr-table.md
+	$(PYTHON) -m mmsparse.methods.joint se "shipped dense=$(word 1,$(VDR_EVALS))" "dense trained alike=$(word 2,$(VDR_EVALS))" \
+	  "VDR (k=$(VDR_K))=$(word 3,$(VDR_EVALS))" "VDR^α (k=$(VDR_K))=$(word 4,$(VDR_EVALS))" \
+	  "VDR (k=$(VDR_K_PAPER))=$(word 5,$(VDR_EVALS))" "VDR^α (k=$(VDR_K_PAPER))=$(word 6,$(VDR_EVALS))" \
+	  $(if $(VDR_D2S),"D2S (main job)=$(VDR_D2S)") -o $(WORK)/eval/vdr-se.md
+
+# Fig. 7: mean term weights over the test images, with and without the bag-of-words entry
+vdr-clouds: $(WORK)/plots/vdr-clouds.png
+$(WORK)/plots/vdr-clouds.png: $(WORK)/sparse/vdr/$(EVAL_SPLIT)-images.all.h5 $(WORK)/sparse/vdr-nobow/$(EVAL_SPLIT)-images.all.h5
+	$(PYTHON) -m mmsparse.methods.vdr clouds "VDR (w/ BoW)=$<" "VDR (w/o BoW)=$(word 2,$^)" -o $@
+
+# validation R@10 per epoch: VDR (parametric and bag-of-words queries) and the dense model trained alike
+vdr-curve: $(WORK)/plots/vdr-curve.png
+$(WORK)/plots/vdr-curve.png: $(WORK)/heads/vdr/config.json $(WORK)/heads/vdr-dense/config.json
+	$(PYTHON) -m mmsparse.methods.vdr curve $(^D) -o $@
+
+# Figure 3 in shape (and the frozen final layer) at VDR_K, one table per query kind: parametric rows † vs VDR's run,
+# bag-of-words rows † vs VDR^α's (the reference rows evaluated on their own: no test against themselves)
+$(WORK)/eval/vdr-ref-k$(VDR_K).json: $(WORK)/runs/vdr-k$(VDR_K).trec
+	$(MMSPARSE) eval $< $(VDR_QRELS) -o $@ --queries $(WORK)/sparse/vdr/$(EVAL_SPLIT)-captions.vdr.k$(VDR_K).h5 \
+	  --docs $(WORK)/sparse/vdr/$(EVAL_SPLIT)-images.k$(VDR_K).h5 $(EVAL_FLAGS)
+$(WORK)/eval/vdr-bow-ref-k$(VDR_K).json: $(WORK)/runs/vdr-bow-k$(VDR_K).trec
+	$(MMSPARSE) eval $< $(VDR_QRELS) -o $@ --queries $(WORK)/sparse/vdr/$(EVAL_SPLIT)-captions.bow.h5 \
+	  --docs $(WORK)/sparse/vdr/$(EVAL_SPLIT)-images.k$(VDR_K).h5 $(EVAL_FLAGS)
+
+VDR_ABL     = $(WORK)/eval/vdr-ref-k$(VDR_K).json $(foreach h,$(VDR_ABLATION_HEADS),$(WORK)/eval/$(h)-k$(VDR_K).json)
+VDR_ABL_BOW = $(WORK)/eval/vdr-bow-ref-k$(VDR_K).json $(foreach h,$(VDR_ABLATION_HEADS),$(WORK)/eval/$(h)-bow-k$(VDR_K).json)
+vdr-ablation: $(VDR_ABL) $(VDR_ABL_BOW)
+	$(MMSPARSE) eval --table $(VDR_ABL) --label "VDR" --label "VDR − contrastive mask" \
+	  --label "VDR − bag-of-words entry" --label "VDR, mean pooling" --label "VDR, frozen final layer" \
+	  $(VDR_COLUMNS) -o $(WORK)/eval/vdr-ablation.md
+	$(MMSPARSE) eval --table $(VDR_ABL_BOW) --label "VDR^α" --label "VDR^α − contrastive mask" \
+	  --label "VDR^α − bag-of-words entry" --label "VDR^α, mean pooling" --label "VDR^α, frozen final layer" \
+	  $(VDR_COLUMNS) -o $(WORK)/eval/vdr-ablation-bow.md
+	$(PYTHON) -m mmsparse.methods.joint se $(join $(foreach x,VDR VDR-nomask VDR-nobow VDR-mean VDR-frozen \
+	  VDRα VDRα-nomask VDRα-nobow VDRα-mean VDRα-frozen,$(x)=),$(VDR_ABL) $(VDR_ABL_BOW)) \
+	  -o $(WORK)/eval/vdr-ablation-se.md

@@ -12,7 +12,7 @@ Each stage lives in its own module; this package imports them only when a name i
 so `import mmsparse` stays light.
 
 The stage modules are named for the stage's activity, as nouns: encoding, training,
-sparsification, indexing, retrieval (search), evaluation, inspection, querying. The functions
+sparsification, indexing, retrieval (search), evaluation, inspection, querying, exporting. The functions
 keep the verbs. A module is never named after a function it defines: importing a submodule sets
 it as an attribute of its package, so a module `api/search.py` would turn `mmsparse.api.search`
 from the function into the module as soon as anything imported it. One name, one thing.
@@ -35,6 +35,8 @@ _WHERE = {
     "inspect_terms": "inspection",
     "inspect_provenance": "inspection",
     "query": "querying",
+    "export": "exporting",
+    "import_terms": "exporting",
 }
 
 __all__ = sorted(_WHERE)

@@ -116,6 +116,9 @@ def encode_dense(annotations: str | Path, image_root: str | Path | None = None, 
     with torch_threads(threads):
         bb = load_backbone(opts.backbone, model_path, dev)
         layout = bb.set_memory_format(opts.memory_format)
+        if opts.final_layer_inputs:   # both towers' final layers known before any file is written
+            for modality in ("image", "text"):
+                bb.final_layer_spec(modality)
         rep.log(f"loaded {opts.backbone} {bb.model} on {bb.device} (d={bb.dim}) in {time.perf_counter() - t0:.1f} s; "
                 f"{precision}, {threads} thread(s), {layout} images")
         out.mkdir(parents=True, exist_ok=True)

@@ -83,6 +83,13 @@ def sparsify(head: str | Path | SparseHead, dense: str | Path, *, out: str | Pat
     check_compatible(attrs, h.config.get("training", {}), m.compat_keys, str(dense),
                      f"head {head_dir or h.method} (its training vectors)",
                      "sparsify vectors of the backbone the head was trained on", force)
+    if m.output == "dense":    # a dense head (methods/dense): OUT receives the tuned dense vectors
+        if ray is not None:
+            raise InputError(f"--ray: a {h.method} head writes dense vectors; run without --ray")
+        torch.set_num_threads(threads or default_threads())
+        m.sparsify(h, head_dir, Path(dense), Path(out), mode, opts, batch_size or m.batch_size, rep)
+        rep.log(f"sparsify: {attrs['modality']} rows of {dense} -> {out} ({h.method} head: tuned dense vectors)")
+        return Path(out)
     n_rows = 0
     for ids, _ in iter_dense(dense, chunk_rows=65536):  # ids and NaN/Inf, whichever method reads what
         n_rows += len(ids)

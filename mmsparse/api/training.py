@@ -93,7 +93,8 @@ def train_head(train_images: str | Path | None = None, train_captions: str | Pat
     if budget is not None and "FLOPs" in v:
         _report_budget(rep, out, v["FLOPs"], budget, chosen.get("eta_scale", 1.0))
     rep.log(f"saved epoch {res.best_epoch} to {out}"
-            + (f" (val R@1 {v['R@1']:.4f}, R@10 {v['R@10']:.4f}, FLOPs {v['FLOPs']:.1f})" if "R@1" in v else "")
+            + (f" (val R@1 {v['R@1']:.4f}, R@10 {v['R@10']:.4f}" + (f", FLOPs {v['FLOPs']:.1f}" if "FLOPs" in v else "")
+               + ")" if "R@1" in v else "")
             + f" in {time.time() - t0:.0f}s")
     return out
 

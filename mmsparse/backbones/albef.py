@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import InputError
 from .base import Backbone, quiet_transformers, register_backbone, resolve_model
-from .hf_dual import ImagePreprocessor, _l2, _np, patch_grid, token_extras
+from .hf_dual import ImagePreprocessor, _l2, _np, final_text_extras, patch_grid, token_extras
 
 MEAN = (0.48145466, 0.4578275, 0.40821073)
 STD = (0.26862954, 0.26130258, 0.27577711)
@@ -193,28 +193,41 @@ class AlbefBackbone(Backbone):
         import torch
         with torch.inference_mode():
             want_layer = "patch_states" in extras and layer != -1
-            out = self.vit(pixel_values=pixel_values.to(self.device, non_blocking=True),
-                           output_hidden_states=want_layer, return_dict=True)
+            with self.final_capture("image", extras) as cap:
+                out = self.vit(pixel_values=pixel_values.to(self.device, non_blocking=True),
+                               output_hidden_states=want_layer, return_dict=True)
             cls = out.last_hidden_state[:, 0]
             res = {"vectors": _np(_l2(self.vproj(cls)))}
             if "pre_projection" in extras:
                 res["pre_projection"] = _np(cls)
             if "patch_states" in extras:
                 res["patch_states"] = _np(patch_grid(out.hidden_states[layer] if want_layer else out.last_hidden_state))
+            if cap.on:
+                res["final_input"] = _np(cap.x)
         return res
 
     def encode_tokens(self, batch, extras=()):
         import torch
         with torch.inference_mode():
-            out = self.bert(input_ids=batch["input_ids"].to(self.device),
-                            attention_mask=batch["attention_mask"].to(self.device), return_dict=True)
+            with self.final_capture("text", extras) as cap:
+                out = self.bert(input_ids=batch["input_ids"].to(self.device),
+                                attention_mask=batch["attention_mask"].to(self.device), return_dict=True)
             cls = out.last_hidden_state[:, 0]
             res = {"vectors": _np(_l2(self.tproj(cls)))}
             if "pre_projection" in extras:
                 res["pre_projection"] = _np(cls)
             if "token_states" in extras:
                 res.update(token_extras(batch, out.last_hidden_state, self.tokenizer.pad_token_id))
+            if cap.on:
+                res.update(final_text_extras(cap, batch, self.tokenizer.pad_token_id))
         return res
+
+    def final_tower(self, modality: str):
+        """The rebuilt BERT's text-only layers (`bert`, kind bert: its last layer is ALBEF's last
+        text-only layer, text_encoder.encoder.layer.5 of the released checkpoints; the fusion layers
+        are not part of the dual encoder) or the ViT (`vit`, kind vit: the last block and the final
+        norm, the checkpoint's visual_encoder.blocks.11 and visual_encoder.norm)."""
+        return ("bert", self.bert) if modality == "text" else ("vit", self.vit)
 
     def word_embeddings(self):
         return self.bert.get_input_embeddings().weight.detach().float().cpu().clone()

@@ -10,6 +10,7 @@ Extra outputs an encoder can return besides the pooled vectors ("vectors" [B, d]
   patch_states     [B, P, h_img]   image patch/grid states of layer `layer` (images only)
   final_input      what enters the tower's final layer (backbones/final_layer.py): texts [B, L,
                    h_text] with final_mask [B, L] uint8; images the feature map [B, C, H, W]
+                   (convolutional towers) or the hidden states [B, P, h_img] (ViTs)
 """
 
 from __future__ import annotations
@@ -153,13 +154,43 @@ class Backbone(ABC):
         [d, h_img], "text_proj_weight" [d, h_txt], optional "*_proj_bias" [d]}; empty if none."""
         return {}
 
+    def final_tower(self, modality: str):
+        """(name, module) of the `modality` ("text" | "image") tower whose final layer
+        --final-layer-inputs stores the input of (name: its place in the model, prefixing the
+        description's module names); None: this backbone stores no final-layer inputs."""
+        return None
+
     def final_layer_spec(self, modality: str) -> dict:
         """JSON description of the final layer of the `modality` ("text" | "image") tower, whose
-        input the "final_input" extra holds (backbones/final_layer.py). InputError here: this
-        backbone stores no final-layer inputs."""
-        raise InputError(f"--final-layer-inputs: the {self.name} backbone cannot store its final layers' inputs "
-                         "(only hf-dual towers of the kinds in `encode-dense --help` can); drop the flag and "
-                         "train joint heads with --dense-side pre-projection")
+        input the "final_input" extra holds (backbones/final_layer.py), module names prefixed with
+        the tower's name. InputError for a backbone without final towers or a tower of no known kind."""
+        from .final_layer import final_layer_spec
+        part = self.final_tower(modality)
+        if part is None:
+            raise InputError(f"--final-layer-inputs: the {self.name} backbone cannot store its final layers' inputs "
+                             "(see `encode-dense --help` for the towers that can); drop the flag and train joint "
+                             "heads with --dense-side pre-projection")
+        name, tower = part
+        # a text tower run without an attention mask (SigLIP's tokenizer gives none) attends to padding
+        unmasked = modality == "text" and "attention_mask" not in getattr(self.tokenizer, "model_input_names",
+                                                                         ["attention_mask"])
+        spec = final_layer_spec(tower, modality, attend_padding=unmasked)
+        return {**spec, "modules": [f"{name}.{m}" for m in spec["modules"]]}
+
+    def final_layer_weights(self, modality: str):
+        """A FinalLayer copy (final_layer.py) of the `modality` tower's final layer, with its weights."""
+        from .final_layer import FinalLayer
+        layer = FinalLayer(self.final_layer_spec(modality))
+        layer.load_from(self.final_tower(modality)[1])
+        return layer
+
+    def final_capture(self, modality: str, extras):
+        """final_layer.InputCapture of the `modality` tower's final-layer input while the tower runs,
+        on only when "final_input" is in `extras`."""
+        from .final_layer import InputCapture, entry_module
+        if "final_input" not in extras:
+            return InputCapture(None, False)
+        return InputCapture(entry_module(self.final_tower(modality)[1], self.final_layer_spec(modality)), True)
 
     def vocab(self) -> list[str]:
         """Token strings ordered by token id, one per row of `word_embeddings()`; ids the

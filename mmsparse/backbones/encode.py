@@ -22,7 +22,8 @@ Extra datasets in the dense file (only when asked for):
                                      ViTs include the [CLS] position first; conv maps are flattened
                                      row-major to P = H*W)
   final_input       [N, L, h_txt]    captions: hidden states entering the text tower's final layer,
-                    [N, C, H, W]     images: the feature map entering the image tower's final block
+                    [N, C, H, W]     images: the feature map entering a convolutional tower's final block,
+                    [N, P, h_img]    or the hidden states entering a ViT's last block
   final_mask        [N, L] uint8     captions: attention mask of final_input (backbones/final_layer.py;
                                      file attribute `final_layer`: the layer's JSON description)
 token/patch states and final_input are stored as `states_dtype` (float16 by default).

@@ -71,24 +71,6 @@ def load_hf(model_path: str, model_cls=None):
     return model, tok, ip
 
 
-class _Capture:
-    """Context manager: the first positional input of `module`'s forward, kept in `self.x`."""
-
-    def __init__(self, module, on: bool):
-        self.module, self.on, self.x = module, on, None
-
-    def _hook(self, _mod, args, kwargs):
-        self.x = args[0] if args else kwargs["hidden_states"]
-
-    def __enter__(self):
-        self.handle = self.module.register_forward_pre_hook(self._hook, with_kwargs=True) if self.on else None
-        return self
-
-    def __exit__(self, *exc):
-        if self.handle is not None:
-            self.handle.remove()
-
-
 class ImagePreprocessor:
     """Picklable callable list[PIL.Image] -> pixel_values [B, 3, H, W] float32, via the model's
     saved image processor (so resize/crop/normalisation match training)."""
@@ -123,6 +105,27 @@ def token_extras(batch: dict, last_hidden, pad_id) -> dict[str, np.ndarray]:
         mask = ids != (pad_id if pad_id is not None else -1)
     return {"token_states": _np(last_hidden), "token_mask": mask.cpu().numpy().astype(np.uint8),
             "token_ids": ids.cpu().numpy().astype(np.int32)}
+
+
+def final_text_extras(cap, batch: dict, pad_id) -> dict[str, np.ndarray]:
+    """final_input [B, L, h] float32 (what entered the text tower's final layer, from an
+    final_layer.InputCapture) and final_mask [B, L] uint8 (1 = real token: the attention mask, else
+    input_ids != pad_id)."""
+    mask = batch.get("attention_mask")
+    mask = batch["input_ids"] != pad_id if mask is None else mask
+    return {"final_input": _np(cap.x), "final_mask": mask.cpu().numpy().astype(np.uint8)}
+
+
+def check_last_token_pooling(pooled, last_hidden, mask, model: str) -> None:
+    """InputError unless the text tower's pooled state [B, h] is its state at each caption's last real
+    token (CLIP pools the EOS token, which its tokenizer puts last): the clip-text final layer pools
+    that position of the stored inputs (final_layer.py)."""
+    import torch
+    last = (mask.to(last_hidden.device).long().sum(1) - 1).clamp(min=0)
+    if not torch.equal(pooled, last_hidden[torch.arange(len(last), device=last.device), last]):
+        raise InputError(f"--final-layer-inputs: {model}'s text tower pools a token other than each caption's last "
+                         "one (its EOS token is not last: another tokenizer?); its final-layer inputs would not "
+                         "reproduce its vectors")
 
 
 @register_backbone("hf-dual")
@@ -165,7 +168,7 @@ class HFDualEncoder(Backbone):
             pv = pixel_values.to(self.device, non_blocking=True)
             if self.channels_last:
                 pv = pv.contiguous(memory_format=torch.channels_last)
-            with self._final("image", extras) as cap:
+            with self.final_capture("image", extras) as cap:
                 out = self.net.vision_model(pixel_values=pv, return_dict=True, output_hidden_states=want_layer)
             pooled = out.pooler_output
             vec = self.vproj(pooled) if self.vproj is not None else pooled
@@ -183,7 +186,7 @@ class HFDualEncoder(Backbone):
         import torch
         inp = {k: v.to(self.device) for k, v in batch.items() if k in self._text_args}
         with torch.inference_mode():
-            with self._final("text", extras) as cap:
+            with self.final_capture("text", extras) as cap:
                 out = self.net.text_model(**inp, return_dict=True)
             pooled = out.pooler_output
             vec = self.tproj(pooled) if self.tproj is not None else pooled
@@ -193,31 +196,17 @@ class HFDualEncoder(Backbone):
             if "token_states" in extras:
                 res.update(token_extras(batch, out.last_hidden_state, self.tokenizer.pad_token_id))
             if cap.on:
-                mask = batch.get("attention_mask")
-                mask = batch["input_ids"] != self.tokenizer.pad_token_id if mask is None else mask
-                res.update(final_input=_np(cap.x), final_mask=mask.cpu().numpy().astype(np.uint8))
+                res.update(final_text_extras(cap, batch, self.tokenizer.pad_token_id))
+                if self.final_layer_spec("text")["kind"] == "clip-text":
+                    check_last_token_pooling(pooled, out.last_hidden_state, torch.from_numpy(res["final_mask"]),
+                                             self.model)
         return res
 
-    def final_layer_spec(self, modality: str) -> dict:
-        """The final layer of the text or image tower (final_layer.final_layer_spec; InputError for
-        towers of no known kind, e.g. CLIP's and SigLIP's for now)."""
-        from .final_layer import final_layer_spec
+    def final_tower(self, modality: str):
+        """The text_model or vision_model (final_layer.py: BERT-like, CLIP and SigLIP text towers;
+        EfficientNet, CLIP and SigLIP vision towers)."""
         part = "text_model" if modality == "text" else "vision_model"
-        spec = final_layer_spec(getattr(self.net, part), modality)
-        return {**spec, "modules": [f"{part}.{m}" for m in spec["modules"]]}
-
-    def final_layer_weights(self, modality: str):
-        """A FinalLayer copy (final_layer.py) of the `modality` tower's final layer, with its weights."""
-        from .final_layer import FinalLayer
-        layer = FinalLayer(self.final_layer_spec(modality))
-        layer.load_from(self.net.text_model if modality == "text" else self.net.vision_model)
-        return layer
-
-    def _final(self, modality: str, extras) -> _Capture:
-        from .final_layer import entry_module
-        on = "final_input" in extras
-        tower = self.net.text_model if modality == "text" else self.net.vision_model
-        return _Capture(entry_module(tower, self.final_layer_spec(modality)) if on else None, on)
+        return part, getattr(self.net, part)
 
     def image_tower(self):
         return self.net.vision_model
@@ -244,6 +233,14 @@ class CLIPBackbone(HFDualEncoder):
 
 @register_backbone("siglip")
 class SiglipBackbone(HFDualEncoder):
-    """SiglipModel (no projection layers; d = hidden size; captions padded to max_length)."""
+    """SiglipModel (no projection layers: projections() are identities; d = hidden size; captions
+    padded to max_length)."""
 
     model_cls_name = "SiglipModel"
+
+    def projections(self):
+        """SigLIP has no projection layers (its towers' pooling heads end in the shared space):
+        identity weights [d, d] float32, so vectors = normalize(pre_projection @ Iᵀ) still holds and
+        joint heads have a projection to tune (initialised to the identity)."""
+        eye = np.eye(self.dim, dtype=np.float32)
+        return {"image_proj_weight": eye, "text_proj_weight": eye.copy()}

@@ -79,10 +79,13 @@ class EncodeOptions:
                                       "as --states-dtype), which `train-head --method joint` tunes: captions the "
                                       "hidden states entering the last transformer layer [N, L, h] plus final_mask "
                                       "[N, L] (L = max caption tokens; MiniLM: 64 x 384, 48 KiB per caption in "
-                                      "float16); images the feature map entering the final block [N, C, H, W] "
-                                      "(EfficientNet: what feeds the top convolution, Lite0 at 224 px 320 x 7 x 7, "
-                                      "30.6 KiB per image in float16). Towers: BERT-like text, EfficientNet image; "
-                                      "other backbones (blip, albef, clip, siglip) refuse it.", panel=EXTRAS)
+                                      "float16; BLIP: 64 x 768, 96 KiB); images what enters the final block: "
+                                      "EfficientNet the feature map feeding the top convolution [N, C, H, W] (Lite0 "
+                                      "at 224 px 320 x 7 x 7, 30.6 KiB per image in float16), ViTs the hidden states "
+                                      "entering the last block [N, P, h] (ViT-B/16 at 384 px: 577 x 768, 866 KiB). "
+                                      "Towers: BERT-like text (hf-dual, blip, albef), CLIP and SigLIP text and vision "
+                                      "(clip, siglip, hf-dual), EfficientNet and ViT image (hf-dual, blip, albef); "
+                                      "others are refused before any file is written.", panel=EXTRAS)
     layer: int = option(-1, "Vision hidden layer for --patch-states (-1 = last, 0 = embeddings).", panel=EXTRAS)
     states_dtype: str = option("float16", "Storage dtype of token/patch states and final-layer inputs: float16 or "
                                "float32 (twice the bytes).",

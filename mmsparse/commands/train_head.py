@@ -106,9 +106,12 @@ def _build():
                                                           "`texts` and `image_ids` (or pass --qrels).")),
         ("out", Path, typer.Option(..., "-o", "--out", help="Head directory to write (replaced atomically); "
                                    "OUT.ckpt/ holds the resumable checkpoint while training.")),
-        ("method", str, typer.Option("d2s", "--method", help="d2s (D2S, eq. 4-7), joint (joint sparse-dense "
-                                     "self-distillation; dense files from `encode-dense --pre-projection`), vdr (VDR on "
-                                     "token/patch states), bm25v (BM25-V visual words: a top-k sparse autoencoder on "
+        ("method", str, typer.Option("d2s", "--method", help="d2s (D2S, eq. 4-7), inference-free (D2S's image head "
+                                     "and a term-weight table for queries), joint (joint sparse-dense self-distillation "
+                                     "with the towers' final layers; files of `encode-dense --final-layer-inputs`), vdr "
+                                     "(VDR over the towers' final layers, or over token/patch states), dense (the dense "
+                                     "baseline VDR is judged against: CLIP's loss on the same final layers and "
+                                     "projections), bm25v (BM25-V visual words: a top-k sparse autoencoder on "
                                      "patch_states). Installed: " + ", ".join(method_names()) + ".")),
         ("val_images", Optional[Path], typer.Option(None, "--val-images", help="Dense HDF5 of validation images: "
                                                     "caption->image retrieval each epoch picks the saved epoch.")),
@@ -139,7 +142,8 @@ def _build():
 
     def main(**kw) -> None:
         """Train a sparse head: D2S by default (dense vectors -> W1, LayerNorm, W2, log(1+ReLU);
-        loss eq. 7; probabilistic expansion control), or --method joint, vdr, bm25v. Options
+        loss eq. 7; probabilistic expansion control), or --method inference-free, joint, vdr, dense,
+        bm25v. Options
         from --config, then --set, then flags; the head's config.json records the resolved config."""
         _run(**{n: kw.pop(n) for n, _, _ in base}, **kw)
 

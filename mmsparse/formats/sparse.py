@@ -13,6 +13,7 @@ Layout:
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,15 +69,8 @@ def write_sparse(path: str | Path, ids: list[str], matrix, vocab: list[str], att
                  texts: list[str] | None = None) -> None:
     """Write a sparse collection atomically. matrix: anything scipy.sparse.csr_matrix accepts,
     shape [len(ids), len(vocab)], non-negative."""
-    m = to_csr(matrix)
-    if m.shape != (len(ids), len(vocab)):
-        raise ValueError(f"matrix shape {m.shape} != ({len(ids)} ids, {len(vocab)} terms)")
-    if m.nnz and m.data.min() < 0:
-        raise ValueError("sparse weights must be non-negative")
-    a = {**attrs, **stamp(), "format": "sparse"}
-    missing = [k for k in REQUIRED_ATTRS if k not in a]
-    if missing:
-        raise ValueError(f"sparse attrs lack {missing}")
+    m = _checked_rows(ids, matrix, len(vocab))
+    a = _file_attrs(attrs)
     check_ids(list(ids), path)
     with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
         for k, v in a.items():
@@ -88,6 +82,81 @@ def write_sparse(path: str | Path, ids: list[str], matrix, vocab: list[str], att
         f.create_dataset("vocab", data=list(vocab), dtype=STR)
         if texts is not None:
             f.create_dataset("texts", data=list(texts), dtype=STR)
+
+
+def _checked_rows(ids, matrix, n_terms: int) -> sp.csr_matrix:
+    """`matrix` as canonical CSR (to_csr), checked: [len(ids), n_terms], non-negative (ValueError)."""
+    m = to_csr(matrix)
+    if m.shape != (len(ids), n_terms):
+        raise ValueError(f"matrix shape {m.shape} != ({len(ids)} ids, {n_terms} terms)")
+    if m.nnz and m.data.min() < 0:
+        raise ValueError("sparse weights must be non-negative")
+    return m
+
+
+def _file_attrs(attrs: dict) -> dict:
+    """The attributes a sparse file is written with: `attrs`, the provenance stamp, format=sparse
+    (ValueError when a REQUIRED_ATTRS key is missing)."""
+    a = {**attrs, **stamp(), "format": "sparse"}
+    missing = [k for k in REQUIRED_ATTRS if k not in a]
+    if missing:
+        raise ValueError(f"sparse attrs lack {missing}")
+    return a
+
+
+class SparseWriter:
+    """Write a sparse file row batch by row batch, in O(batch) memory, atomically.
+
+        with SparseWriter("out.h5", vocab, {"modality": "image", "head": ..., "query_mode": "doc"}) as w:
+            w.append(ids, csr)          # any number of times: ids [B] str, csr [B, |V|] >= 0
+
+    The file appears at `path` only when the block ends without an exception (a temporary sibling
+    until then); ids must be unique over all batches (InputError naming the first repeat, raised
+    when it is appended). Same layout and attributes as write_sparse; datasets are chunked and grow."""
+
+    def __init__(self, path: str | Path, vocab: list[str], attrs: dict):
+        self.path, self.vocab, self.attrs = Path(path), list(vocab), _file_attrs(attrs)
+        self.rows = self.nnz = 0
+        self._seen: set[str] = set()
+
+    def __enter__(self) -> "SparseWriter":
+        self._atomic = atomic_path(self.path)
+        tmp = self._atomic.__enter__()
+        try:
+            self._f = h5py.File(tmp, "w")
+            for k, v in self.attrs.items():
+                self._f.attrs[k] = v
+            for name, dtype in (("ids", STR), ("indices", np.int32), ("weights", np.float32)):
+                self._f.create_dataset(name, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(1 << 16,))
+            self._f.create_dataset("indptr", data=np.zeros(1, np.int64), maxshape=(None,), chunks=(1 << 16,))
+            self._f.create_dataset("vocab", data=self.vocab, dtype=STR)
+        except BaseException:
+            self._atomic.__exit__(*sys.exc_info())
+            raise
+        return self
+
+    def append(self, ids: list[str], matrix) -> None:
+        """Add rows: ids [B] (unique, non-empty), matrix [B, |V|] (anything scipy.sparse.csr_matrix
+        accepts) of non-negative weights; explicit zeros are dropped and columns sorted."""
+        m = _checked_rows(ids, matrix, len(self.vocab))
+        for r, i in enumerate(ids, self.rows + 1):
+            if not i or i in self._seen:
+                raise InputError(f"{self.path}: id {i!r} of row {r} is {'empty' if not i else 'a repeat'}; ids must "
+                                 "be unique and non-empty")
+            self._seen.add(i)
+        f, b = self._f, len(ids)
+        for name, data in (("ids", list(ids)), ("indices", m.indices.astype(np.int32)),
+                           ("weights", m.data.astype(np.float32)),
+                           ("indptr", m.indptr[1:].astype(np.int64) + self.nnz)):
+            ds = f[name]
+            n = ds.shape[0]
+            ds.resize((n + len(data),))
+            ds[n:] = data
+        self.rows, self.nnz = self.rows + b, self.nnz + m.nnz
+
+    def __exit__(self, *exc) -> None:
+        self._f.close()
+        self._atomic.__exit__(*exc)
 
 
 def read_sparse_attrs(path: str | Path) -> dict:

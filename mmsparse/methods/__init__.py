@@ -23,6 +23,7 @@ BUILTIN = {
     "bm25v": ("mmsparse.methods.bm25v.config:BM25VConfig", "mmsparse.methods.bm25v.method:BM25V"),
     "inference-free": ("mmsparse.methods.inference_free.config:InferenceFreeConfig",
                        "mmsparse.methods.inference_free.method:InferenceFree"),
+    "dense": ("mmsparse.methods.dense.config:DenseConfig", "mmsparse.methods.dense.method:Dense"),
 }
 # names in head directories written by earlier versions
 ALIASES = {"sae": "bm25v", "doc-only": "inference-free"}

@@ -113,6 +113,7 @@ class Method:
     query_modes: ClassVar[tuple[str, ...]] = ("expand",)
     batch_size: ClassVar[int] = 1024
     compat_keys: ClassVar[tuple[str, ...]] = ("backbone", "model")
+    output: ClassVar[str] = "sparse"   # "dense": sparsify writes the dense HDF5 file OUT itself (methods/dense)
 
     def __init__(self, cfg):
         self.cfg = cfg

@@ -222,19 +222,22 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def model_card(config: dict) -> str:
+def model_card(config: dict, use: list[str] | None = None) -> str:
     """The README.md model card of a head, from its config.json dict: YAML front matter
     (library_name mmsparse, tags, base_model when the backbone model is a hub id), the method,
     backbone and model, input dimension, the vocabulary (size and source), how to use it, the
     training data (dataset and file names, never local paths), the chosen epoch's validation
-    figures and each epoch's, the resolved training config, and the mmsparse version."""
+    figures and each epoch's, the resolved training config, and the mmsparse version.
+    use: the lines of the "Use" section instead of mmsparse's own (an export to another library,
+    whose name then heads the front matter: api/exporting.py gives sentence-transformers')."""
     method = config.get("method") or "?"
     tr = config.get("training") or {}
     model = tr.get("model") or ""
     hub_model = bool(model) and not str(model).startswith(("/", ".", "~")) and "/" in str(model)
     prov = config.get("provenance") or {}
-    lines = ["---", "library_name: mmsparse",
-             f"tags: [mmsparse, learned-sparse-retrieval, multimodal, sparse-retrieval, {method}]"]
+    lines = ["---", f"library_name: {'sentence-transformers' if use else 'mmsparse'}",
+             f"tags: [mmsparse, learned-sparse-retrieval, multimodal, sparse-retrieval, {method}"
+             + (", sentence-transformers, sparse-encoder]" if use else "]")]
     if hub_model:
         lines.append(f"base_model: {model}")
     lines += ["---", "", f"# {method} sparse head for {tr.get('backbone') or 'a'} {_name(model) or ''}".rstrip(), "",
@@ -250,11 +253,14 @@ def model_card(config: dict) -> str:
     for k in ("omega", "k", "k_doc", "k_query", "image_input", "text_input", "center"):
         if k in config:
             lines.append(f"| {k} | {config[k]} |")
-    lines += ["", "## Use", "", "```bash", "mmsparse sparsify HEAD test-images.h5 -o sparse/test-images.h5",
-              "mmsparse index sparse/test-images.h5 -o index/head", 'mmsparse query index/head "a dog running on the beach"',
-              "```", "", "```python", "import mmsparse", "head = mmsparse.load_head(\"HEAD\")   # a directory or hub id",
-              "```", "", "HEAD is this directory or its Hugging Face hub id. Dense inputs must come from the same "
-              "backbone and model (`mmsparse encode-dense`).", "", "## Training data", ""]
+    lines += ["", "## Use", ""]
+    lines += use if use else [
+        "```bash", "mmsparse sparsify HEAD test-images.h5 -o sparse/test-images.h5",
+        "mmsparse index sparse/test-images.h5 -o index/head", 'mmsparse query index/head "a dog running on the beach"',
+        "```", "", "```python", "import mmsparse", "head = mmsparse.load_head(\"HEAD\")   # a directory or hub id",
+        "```", "", "HEAD is this directory or its Hugging Face hub id. Dense inputs must come from the same "
+        "backbone and model (`mmsparse encode-dense`)."]
+    lines += ["", "## Training data", ""]
     files = [(k, tr.get(k)) for k in ("train_images", "train_captions", "val_images", "val_captions") if tr.get(k)]
     lines.append(f"- dataset: {tr.get('dataset') or 'unknown'}")
     lines += [f"- {k.replace('_', ' ')}: `{_name(v)}`" for k, v in files]

@@ -61,3 +61,15 @@ def head_method(path: str | Path) -> str:
     p = resolve_head_path(path)
     cfg, _ = read_head_config(p)
     return canonical(str(cfg.get("method", "")), f"{p}/config.json: method")
+
+
+def read_training(path: str | Path) -> dict:
+    """The `training` record train-head wrote into a head directory's config.json, plus the head's
+    "method". InputError when there is none (not a directory train-head wrote)."""
+    p = Path(path) / "config.json"
+    try:
+        cfg = json.loads(p.read_text())
+        return {**cfg["training"], "method": cfg.get("method")}
+    except (OSError, ValueError, KeyError) as e:
+        raise InputError(f"{p}: no train-head record ({type(e).__name__}: {e}); pass a head directory that "
+                         "train-head wrote") from e

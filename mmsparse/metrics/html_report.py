@@ -59,14 +59,15 @@ WORDCLOUD_MAX_WORDS = 30  # more do not fit at a readable size in the report's 2
 
 
 def write_wordcloud(terms: Sequence[tuple[str, float]], path: str | Path, shared: set[str] = frozenset(),
-                    width: int = 420, height: int = 240,
-                    max_words: int = WORDCLOUD_MAX_WORDS) -> list[tuple[str, int]]:
+                    width: int = 420, height: int = 240, max_words: int = WORDCLOUD_MAX_WORDS,
+                    min_font_size: int | None = None) -> list[tuple[str, int]]:
     """A word-cloud PNG (the `wordcloud` package) of the `max_words` heaviest (term, weight) pairs,
     word size ~ weight, terms in `shared` in orange and the rest in dark grey; written atomically.
     The report shows it at half its width (210 CSS pixels for the default 420), so the smallest
     word is 20 px here (10 px on screen) and the largest at most 40 % of the height; words that
     do not fit at that size are left out rather than shrunk. Word pieces are shown as
-    display_term gives them ('##oot' -> '-oot'). No terms: a blank image.
+    display_term gives them ('##oot' -> '-oot'). min_font_size: the smallest word in PNG pixels
+    (default 20 per 420 pixels of width; smaller fits more words). No terms: a blank image.
     Returns the words drawn with their font size in pixels of the PNG, largest first."""
     from PIL import Image
     from wordcloud import WordCloud
@@ -87,7 +88,8 @@ def write_wordcloud(terms: Sequence[tuple[str, float]], path: str | Path, shared
             return []
         scale = width / 420
         wc = WordCloud(width=width, height=height, background_color="white", prefer_horizontal=1.0,
-                       random_state=0, relative_scaling=0.5, min_font_size=max(8, round(20 * scale)),
+                       random_state=0, relative_scaling=0.5,
+                       min_font_size=min_font_size or max(8, round(20 * scale)),
                        max_font_size=round(0.4 * height), max_words=max_words, margin=round(6 * scale),
                        color_func=lambda word, **_: SHARED_COLOR if word in hot else OTHER_COLOR)
         wc.generate_from_frequencies(freqs).to_image().save(tmp, format="PNG")

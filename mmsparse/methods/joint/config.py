@@ -26,14 +26,17 @@ class JointConfig(D2SConfig):
                              "each tower's final layer and its projection, run on the stored final-layer inputs "
                              "(files of `encode-dense --final-layer-inputs`; the model the files name is loaded "
                              "once, by its fingerprint, for the layers' weights). Final layer: BERT-like text towers "
-                             "= the last transformer layer + pooler; EfficientNet image towers = top conv + batch "
-                             "norm (frozen statistics) + activation + pooling; blip/albef/clip/siglip: not yet "
-                             "(use pre-projection). pre-projection = the projections only, over pooled "
+                             "(BLIP, ALBEF) = the last transformer layer + pooler; CLIP/SigLIP text = the last layer + "
+                             "final layernorm + EOS token / SigLIP's head; ViT image towers (BLIP, ALBEF, CLIP, "
+                             "SigLIP) = the last block + post-layernorm + [CLS] / SigLIP's attention pooling; "
+                             "EfficientNet = top conv + batch norm (frozen statistics) + activation + pooling "
+                             "(docs/joint.md). pre-projection = the projections only, over pooled "
                              "pre-projection states (files of --pre-projection; faster, not the paper's method).",
                              choices=("final-layer", "pre-projection"), paper="final-layer (§2, Fig. 1)")
-    tune_final_layer: bool = option(True, "Train the copies of the towers' final layers (--freeze-final-layer keeps "
-                                    "the backbone's; with --freeze-projection too the dense side is frozen: paper "
-                                    "Table 3, row 1).", flag="--tune-final-layer/--freeze-final-layer")
+    tune_final_layer: bool = option(True, "Train the copies of the towers' final layers with the head "
+                                    "(--freeze-final-layer keeps the backbone's; joint with --freeze-projection too: "
+                                    "the dense side frozen, paper Table 3, row 1; vdr: VDR on the frozen states).",
+                                    flag="--tune-final-layer/--freeze-final-layer")
     final_lr: float = option(1e-5, "AdamW peak learning rate of the final layers (no weight decay; the paper "
                              "gives none).", min=0.0)
 

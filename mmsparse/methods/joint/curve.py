@@ -5,20 +5,11 @@ reference head's validation R@1 (the main job's D2S head)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
 from ...errors import InputError
-
-
-def _training(head_dir: str | Path) -> dict:
-    p = Path(head_dir) / "config.json"
-    try:
-        return json.loads(p.read_text())["training"]
-    except (OSError, ValueError, KeyError) as e:
-        raise InputError(f"{p}: no train-head record ({type(e).__name__}: {e}); pass a head directory that "
-                         f"train-head wrote") from e
+from ..headdir import read_training
 
 
 def curve_figure(heads: Sequence[str | Path], out: str | Path, reference: str | Path | None = None) -> None:
@@ -35,7 +26,7 @@ def curve_figure(heads: Sequence[str | Path], out: str | Path, reference: str | 
     fig, (ax, axf) = plt.subplots(2, 1, figsize=(5.6, 5.6), sharex=True, height_ratios=(3, 1.3))
     before = None
     for i, h in enumerate(heads):
-        t = _training(h)
+        t = read_training(h)
         rows = [e for e in t.get("history", []) if isinstance(e.get("val"), dict)]
         if not rows:
             raise InputError(f"{h}: the head holds no validated epochs; train it with --val-images/--val-captions")
@@ -54,7 +45,7 @@ def curve_figure(heads: Sequence[str | Path], out: str | Path, reference: str | 
     if before is not None:
         ax.axhline(100 * before, color="0.4", ls=":", lw=1.2, label="backbone dense (before training)")
     if reference is not None:
-        r = _training(reference)
+        r = read_training(reference)
         ax.axhline(100 * r["val"]["R@1"], color="C3", ls=":", lw=1.5, label=f"{Path(reference).name} sparse (saved)")
     ax.set_ylabel("validation R@1 (×100)")
     ax.grid(alpha=0.3)

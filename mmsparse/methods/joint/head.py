@@ -19,24 +19,21 @@ the final layer (if the head has one) and the projection.
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 from ..d2s.head import D2SHead
+from ..towers import TunedTowers
 
-MODALITIES = ("image", "text")
 
-
-class JointHead(D2SHead):
+class JointHead(TunedTowers, D2SHead):
     """config: the D2S fields (dim d = projection output, vocab_size, omega, vocab_source, training)
-    plus image_dim (h_img), text_dim (h_txt), proj_bias (bool), tau_init (float).
+    plus image_dim (h_img), text_dim (h_txt), proj_bias (bool), tau_init (float), and with final
+    layers final_layers / final_layers_source / final_layers_tuned (methods/towers.py).
 
     Parameters: w1, norm, w2 (D2S), image_proj [d, h_img], text_proj [d, h_txt] (nn.Linear),
-    log_tau (scalar; τ = exp(log_tau), clamped to >= 0.01 as CLIP clamps its logit scale).
+    log_tau (scalar; τ = exp(log_tau), clamped to >= 0.01 as CLIP clamps its logit scale),
+    text_final / image_final (FinalLayer copies, with final layers). `pool`, `project`, `dense`
+    and `tau` come from TunedTowers.
     """
 
     method = "joint"
@@ -48,40 +45,6 @@ class JointHead(D2SHead):
         if config.get("final_layers"):     # {"text": spec, "image": spec} (backbones/final_layer.py)
             self._build_final_layers()
 
-    def _build_final_layers(self) -> None:
-        from ...backbones.final_layer import FinalLayer
-        spec = self.config["final_layers"]
-        self.text_final, self.image_final = FinalLayer(spec["text"]), FinalLayer(spec["image"])
-
-    @property
-    def has_final(self) -> bool:
-        """Whether the dense vectors are computed through tuned final layers (final_input files)."""
-        return bool(self.config.get("final_layers"))
-
-    def set_final_layers(self, text, image, source: dict, tuned: bool) -> None:
-        """Attach copies of the towers' final layers (FinalLayer with weights) and record them in
-        the config: final_layers {"text": spec, "image": spec} (spec["modules"] names the backbone
-        modules), final_layers_source {"model", "model_fingerprint"}, final_layers_tuned."""
-        self.config.update(final_layers={"text": text.spec, "image": image.spec}, final_layers_source=dict(source),
-                           final_layers_tuned=bool(tuned))
-        self.text_final, self.image_final = text, image
-
-    def pool(self, x: torch.Tensor, modality: str, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Final-layer input x (text [B, L, h] with mask [B, L]; image [B, C, H, W]; any float
-        dtype) -> pre-projection state p [B, h_txt or h_img] float32 through the tuned final layer."""
-        return (self.text_final(x, mask) if modality == "text" else self.image_final(x)) if self.has_final else x
-
-    def dense(self, x: torch.Tensor, modality: str, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """h [B, d] float32, L2-normalised: project(pool(x)) (final-layer heads) or project(x)."""
-        return self.project(self.pool(x, modality, mask), modality)
-
-    def _build_projections(self) -> None:
-        c = self.config
-        bias = bool(c.get("proj_bias", False))
-        self.image_proj = nn.Linear(int(c["image_dim"]), self.dim, bias=bias)
-        self.text_proj = nn.Linear(int(c["text_dim"]), self.dim, bias=bias)
-        self.log_tau = nn.Parameter(torch.tensor(math.log(float(c.get("tau_init", 0.05)))))
-
     @classmethod
     def from_backbone(cls, vocab, proj: dict, training: dict | None = None, init_bias: float = 0.0,
                       tau_init: float = 0.05, **sparse) -> "JointHead":
@@ -89,34 +52,10 @@ class JointHead(D2SHead):
         doc_top_k, query_top_k, doc_max_share), projections copied from the backbone's. proj:
         {"image_proj_weight" [d, h_img], "text_proj_weight" [d, h_txt], optional
         "image_proj_bias"/"text_proj_bias" [d]} (numpy or torch)."""
-        w_img = torch.as_tensor(np.asarray(proj["image_proj_weight"]), dtype=torch.float32)
-        w_txt = torch.as_tensor(np.asarray(proj["text_proj_weight"]), dtype=torch.float32)
-        if w_img.shape[0] != w_txt.shape[0]:
-            raise ValueError(f"projection outputs differ: image {tuple(w_img.shape)}, text {tuple(w_txt.shape)}")
-        head = cls.from_vocab(int(w_img.shape[0]), vocab, training, init_bias=init_bias, **sparse)
-        bias = "image_proj_bias" in proj and "text_proj_bias" in proj
-        head.config.update(image_dim=int(w_img.shape[1]), text_dim=int(w_txt.shape[1]), proj_bias=bias,
-                           tau_init=float(tau_init))
-        head._build_projections()
-        with torch.no_grad():
-            head.image_proj.weight.copy_(w_img)
-            head.text_proj.weight.copy_(w_txt)
-            if bias:
-                head.image_proj.bias.copy_(torch.as_tensor(np.asarray(proj["image_proj_bias"])))
-                head.text_proj.bias.copy_(torch.as_tensor(np.asarray(proj["text_proj_bias"])))
+        d = int(torch.as_tensor(proj["image_proj_weight"]).shape[0])
+        head = cls.from_vocab(d, vocab, training, init_bias=init_bias, **sparse)
+        head.set_projections(proj, tau_init)
         return head
-
-    @property
-    def tau(self) -> torch.Tensor:
-        """Dense temperature τ (scalar tensor, >= 0.01)."""
-        return self.log_tau.exp().clamp(min=0.01)
-
-    def project(self, pre: torch.Tensor, modality: str) -> torch.Tensor:
-        """pre [B, h_img or h_txt] float32 -> h [B, d] float32, L2-normalised (the tuned dense vectors)."""
-        if modality not in MODALITIES:
-            raise ValueError(f"modality {modality!r} not in {MODALITIES}")
-        lin = self.image_proj if modality == "image" else self.text_proj
-        return F.normalize(lin(pre), dim=-1)
 
     def encode(self, pre: torch.Tensor, modality: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(h [B, d] dense, z [B, |V|] sparse >= 0) of pre-projection states."""

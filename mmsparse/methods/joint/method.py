@@ -19,9 +19,7 @@ import numpy as np
 import torch
 
 from ...errors import InputError
-from ...formats._h5 import read_strings
 from ...formats.sharded import open_read  # a file or a sharded directory
-from ...formats.dense import DenseWriter, read_dense_attrs
 from ...metrics.exhaustive import dense_retrieval_metrics
 from ...vocab import document_frequency, indicator, load_vocab, restrict_to_frequent
 from ..d2s.expansion import ExpansionControl
@@ -30,6 +28,7 @@ from ..d2s.loss import drop_coordinates, eta_at
 from ...trainer import warmup_steps
 from ..d2s.method import D2S, evaluate_head, image_words
 from ..pairs import PairData, check_inputs, load_pairs, sample_rows, training_record
+from ..towers import FLAG, backbone_final_layers, read_final, tuned_dense
 from .config import JointConfig
 from .head import JointHead
 from .loss import joint_loss
@@ -72,53 +71,16 @@ class StatePairs:
         return self.pre_cap[idx], None if self.mask_cap is None else self.mask_cap[idx]
 
 
-FLAG = "--final-layer-inputs"
-
-
-def read_final(path: str | Path) -> tuple[np.ndarray, np.ndarray | None, dict]:
-    """(final_input [N, ...] as stored (float16 by default), final_mask [N, L] uint8 or None for
-    images, the file's final-layer description). Caption states are cut to the longest caption
-    (positions past it are padding in every row). Raises InputError when the file lacks them."""
-    with open_read(path) as f:
-        if "final_input" not in f:
-            raise InputError(f"{path}: no 'final_input' dataset; --method joint tunes the towers' final layers on "
-                             f"their stored inputs: re-encode with `mmsparse encode-dense {FLAG}` (or train with "
-                             "--dense-side pre-projection on --pre-projection files)")
-        spec = json.loads(str(f.attrs.get("final_layer", "{}")))
-        if "final_mask" in f:
-            mask = f["final_mask"][()]
-            n = max(1, int(mask.sum(1).max())) if len(mask) else 1
-            return f["final_input"][:, :n], mask[:, :n], spec
-        return f["final_input"][()], None, spec
-
-
 def load_final_pairs(images: str | Path, captions: str | Path, qrels: str | Path | None = None) -> StatePairs:
     """Pairs + final-layer inputs of one split (StatePairs with final=True). InputError as read_final,
     or when the row counts differ from the ids."""
     pairs = load_pairs(images, captions, qrels)
-    x_i, _, _ = read_final(images)
-    x_c, m_c, _ = read_final(captions)
+    x_i, _, _ = read_final(images, "--method joint")
+    x_c, m_c, _ = read_final(captions, "--method joint")
     for x, n, path in ((x_i, len(pairs.img_ids), images), (x_c, len(pairs.cap_ids), captions)):
         if x.shape[0] != n:
             raise InputError(f"{path}: final_input has {x.shape[0]} rows for {n} ids; re-encode the file")
     return StatePairs(pairs, torch.from_numpy(x_i), torch.from_numpy(x_c), {}, torch.from_numpy(m_c), True)
-
-
-def backbone_final_layers(attrs: dict, path: str | Path) -> tuple[object, object, dict]:
-    """(text FinalLayer, image FinalLayer, projection weights) of the model a final-input file names:
-    loaded from its `model` path and checked against its `model_fingerprint` and `final_layer`
-    description. InputError when the model is missing, changed, or has other final layers."""
-    from ...backbones.base import backbone_from_attrs
-    bb = backbone_from_attrs(attrs)
-    want = attrs.get("model_fingerprint")
-    if want and bb.fingerprint() and bb.fingerprint() != want:
-        raise InputError(f"{path}: the model at {attrs['model']} is not the one that encoded this file (fingerprint "
-                         f"{bb.fingerprint()} != model_fingerprint {want}); re-encode with {FLAG}")
-    stored = json.loads(str(attrs.get("final_layer", "{}")))
-    if stored.get("modules") and stored["modules"] != bb.final_layer_spec("text")["modules"]:
-        raise InputError(f"{path}: final_layer names modules {stored['modules']}, the model's are "
-                         f"{bb.final_layer_spec('text')['modules']}; re-encode with {FLAG}")
-    return bb.final_layer_weights("text"), bb.final_layer_weights("image"), bb.projections()
 
 
 def check_reproduces(head, data: StatePairs, path: str | Path, tol: float = 5e-3) -> None:
@@ -383,39 +345,6 @@ class Joint(D2S):
         res = D2S.sparsify(head, head_dir, tuned, out, mode, {}, batch_size, progress)
         res.attrs["tuned_dense"] = str(Path(tuned).resolve())
         return res
-
-
-def tuned_dense(head, src: str | Path, out: str | Path, batch: int = 512, head_dir: str | Path | None = None) -> Path:
-    """Write the joint head's dense vectors [N, d] float32 of `src` (images or captions) to `out`:
-    same ids / texts / image_ids / attributes, vectors = head.dense(final_input, final_mask) for
-    heads with final layers, head.project(pre_projection) otherwise. Returns `out`. Raises
-    InputError when `src` lacks those states (naming the encode-dense flag that stores them)."""
-    attrs = read_dense_attrs(src)
-    modality = attrs["modality"]
-    keep = {k: attrs[k] for k in ("modality", "backbone", "model", "model_fingerprint", "dataset", "split")
-            if k in attrs}
-    keep.update(normalized=True, states_source=str(Path(src).resolve()),
-                joint_head=str(Path(head_dir).resolve()) if head_dir else "")
-    final = head.has_final
-    key = "final_input" if final else "pre_projection"
-    with open_read(src) as f:
-        if key not in f:
-            how = f"encode-dense {FLAG}" if final else "encode-dense --pre-projection"
-            raise InputError(f"{src}: no {key!r} dataset; this joint head recomputes dense vectors from it: use the "
-                             f"file written by `{how}`")
-        n = f["ids"].shape[0]
-        texts, img_ids = "texts" in f, "image_ids" in f
-        masked = final and "final_mask" in f
-        with DenseWriter(out, head.dim, keep, with_texts=texts) as w:
-            for s in range(0, n, batch):
-                x = torch.from_numpy(f[key][s:s + batch])
-                m = torch.from_numpy(f["final_mask"][s:s + batch]) if masked else None
-                with torch.no_grad():
-                    h = (head.dense(x, modality, m) if final else head.project(x.float(), modality)).numpy()
-                w.append(read_strings(f["ids"][s:s + batch]), h,
-                         read_strings(f["texts"][s:s + batch]) if texts else None,
-                         read_strings(f["image_ids"][s:s + batch]) if img_ids else None)
-    return Path(out)
 
 
 def grid_table(head_dirs: list[str | Path]) -> str:

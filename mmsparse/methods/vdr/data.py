@@ -3,6 +3,7 @@ O(buffer)), caption bags of words, and caption-image pairing."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -17,35 +18,57 @@ from ...vocab import caption_token_ids, indicator, pad_ids
 from ..pairs import caption_image_ids
 
 STATE_SETS = {"text": "token_states", "image": "patch_states"}
+MASKS = {"token_states": "token_mask", "final_input": "final_mask"}
+
+
+def input_kind(path: str | Path, side: str) -> str:
+    """What a dense file offers VDR, best first: final_input (final-layer inputs), token_states /
+    patch_states (the towers' last position states), or vectors (pooled)."""
+    with open_read(path) as f:
+        for name in ("final_input", STATE_SETS[side]):
+            if name in f:
+                return name
+    return "vectors"
+
 
 class States:
-    """Position states of one dense file, read lazily: token_states (+ token_mask) of captions,
-    patch_states of images, or the pooled `vectors` as one position where neither is stored.
-    read(lo, hi) -> (x [n, L, h] float16/32 numpy, mask [n, L] uint8 or None)."""
+    """Position inputs of one dense file, read lazily: `want` = final_input (+ final_mask of
+    captions), token_states (+ token_mask) of captions, patch_states of images, or the pooled
+    `vectors` as one position; None = the best the file has (input_kind).
+    read(lo, hi) -> (x [n, L, h] or, for images' final_input, [n, C, H, W] float16/32 numpy,
+    mask [n, L] uint8 or None). InputError when the file lacks `want`."""
 
-    def __init__(self, path: str | Path, side: str, prefer_states: bool = True):
+    def __init__(self, path: str | Path, side: str, want: str | None = None):
         self.path = Path(path)
+        self.name = want or input_kind(self.path, side)
         self.f = open_read(self.path)
-        name = STATE_SETS[side]
-        self.name = name if (prefer_states and name in self.f) else "vectors"
+        if self.name not in self.f:
+            self.f.close()
+            raise InputError(f"{path}: no {self.name!r} dataset; re-encode with `mmsparse encode-dense "
+                             f"--{self.name.replace('_', '-').replace('final-input', 'final-layer-inputs')}`")
         ds = self.f[self.name]
         self.n = int(ds.shape[0])
-        self.hidden = int(ds.shape[-1])
-        self.has_mask = self.name == "token_states" and "token_mask" in self.f
-        # trim the trailing padding columns no caption uses: fewer bytes read per batch
+        self.hidden = int(ds.shape[1] if ds.ndim == 4 else ds.shape[-1])
+        mask = MASKS.get(self.name)
+        self.mask_name = mask if mask is not None and mask in self.f else None
+        self.has_mask = self.mask_name is not None
+        # trim the trailing padding columns no caption uses: fewer bytes read per batch (not where the
+        # final layer pools the last position: SigLIP's text tower, `fixed_length`)
         self.length = int(ds.shape[1]) if ds.ndim == 3 else 1
-        if self.has_mask:
+        spec = json.loads(str(self.f.attrs.get("final_layer", "{}"))) if self.name == "final_input" else {}
+        self.fixed = bool(spec.get("fixed_length"))
+        if self.has_mask and not self.fixed:
             end = 1
             for s in range(0, self.n, 65536):
-                m = self.f["token_mask"][s:s + 65536].astype(bool)
+                m = self.f[self.mask_name][s:s + 65536].astype(bool)
                 if m.size:
                     end = max(end, int((m.shape[1] - np.argmax(m[:, ::-1], axis=1))[m.any(1)].max(initial=1)))
             self.length = end
 
     def read(self, lo: int, hi: int):
         ds = self.f[self.name]
-        x = ds[lo:hi, :self.length] if ds.ndim == 3 else ds[lo:hi][:, None, :]
-        return x, (self.f["token_mask"][lo:hi, :self.length] if self.has_mask else None)
+        x = ds[lo:hi, :self.length] if ds.ndim == 3 else ds[lo:hi] if ds.ndim == 4 else ds[lo:hi][:, None, :]
+        return x, (self.f[self.mask_name][lo:hi, :self.length] if self.has_mask else None)
 
     def read_rows(self, rows: np.ndarray):
         """Rows (any order, may repeat) -> (x, mask) in that order; reads contiguous runs."""
@@ -101,8 +124,9 @@ class Split:
         return indicator(pad_ids([self.bows[i] for i in rows], v), v)
 
 
-def open_split(images: Path, captions: Path, qrels: Path | None, prefer_states: bool = True) -> Split:
-    """Open an image and a caption dense file of one split and pair them (InputError on mismatch)."""
+def open_split(images: Path, captions: Path, qrels: Path | None, want: dict | None = None) -> Split:
+    """Open an image and a caption dense file of one split and pair them (InputError on mismatch).
+    want: {"text": dataset, "image": dataset} to read (States), default the best each file has."""
 
     with open_read(images) as f:
         img_ids = read_strings(f["ids"])
@@ -114,15 +138,17 @@ def open_split(images: Path, captions: Path, qrels: Path | None, prefer_states: 
     if bad:
         raise InputError(f"{captions}: {len(bad)} caption(s) name images not in {images}, e.g. {bad[0]!r}; "
                          "use files of the same split")
-    return Split(States(captions, "text", prefer_states), States(images, "image", prefer_states),
+    want = want or {}
+    return Split(States(captions, "text", want.get("text")), States(images, "image", want.get("image")),
                  np.array([row[i] for i in of], dtype=np.int64), [], img_ids, cap_ids)
 
 
 def batches(split: Split, batch_size: int, gen: torch.Generator, block: int = 256,
-            buffer_rows: int = 4096) -> Iterator[tuple]:
-    """One epoch of batches (rows, x_cap, mask, x_img, cap_img): caption rows [B] int64, their
+            buffer_rows: int = 4096, by_image: bool = False) -> Iterator[tuple]:
+    """One epoch of batches (rows, x_cap, mask, x_img, cap_img, fixed): caption rows [B] int64, their
     states [B, L, h] and masks [B, L] (or None), the batch's distinct images' states [U, P, h]
-    (numpy, stored dtype) and each caption's image column [B] int64.
+    (numpy, stored dtype), each caption's image column [B] int64, and whether caption rows keep
+    every position (States.fixed).
 
     Captions are read in contiguous blocks of `block` rows; the blocks are shuffled and loaded
     `buffer_rows` captions (plus their images) at a time, so memory is O(buffer) and every read is
@@ -142,24 +168,29 @@ def batches(split: Split, batch_size: int, gen: torch.Generator, block: int = 25
         grp_start = np.r_[0, np.flatnonzero(np.diff(img_pos[o]) != 0) + 1]
         rank = np.empty(len(rows), dtype=np.int64)
         rank[o] = np.arange(len(rows)) - np.repeat(grp_start, np.diff(np.r_[grp_start, len(rows)]))
+        if by_image:   # images in random order, each with all its captions
+            rank = torch.randperm(len(img_rows), generator=gen).numpy()[img_pos]
         seq = np.lexsort((torch.rand(len(rows), generator=gen).numpy(), rank))   # positions in the buffer
         for b in range(0, len(seq), batch_size):
             sel = seq[b:b + batch_size]
             u, local = np.unique(img_pos[sel], return_inverse=True)
             yield (rows[sel], xs[sel], ms[sel] if ms is not None else None, xi[u],
-                   local.astype(np.int64))
+                   local.astype(np.int64), split.captions.fixed)
 
 
-def load_batch(split: Split, batch: tuple, v: int):
+def load_states(batch: tuple):
     """A `batches` item -> torch (x_cap [B, L, h] f32 trimmed to the batch's longest caption,
-    mask [B, L] or None, x_img [U, P, h] f32, cap_img [B], bow [B, |V|])."""
-    rows, xs, ms, xi, local = batch
+    mask [B, L] or None, x_img [U, P, h] (final-layer inputs [U, C, H, W]) f32, cap_img [B])."""
+    rows, xs, ms, xi, local, fixed = batch
     mc = None
     if ms is not None:
-        longest = max(1, int(ms.sum(1).max()))
+        longest = max(1, int(ms.sum(1).max())) if not fixed else ms.shape[1]
         xs, ms = xs[:, :longest], ms[:, :longest]
         mc = torch.from_numpy(ms.astype(np.float32))
     return (torch.from_numpy(np.asarray(xs, dtype=np.float32)), mc,
-            torch.from_numpy(np.asarray(xi, dtype=np.float32)), torch.from_numpy(local), split.bow_matrix(rows, v))
+            torch.from_numpy(np.asarray(xi, dtype=np.float32)), torch.from_numpy(local))
 
 
+def load_batch(split: Split, batch: tuple, v: int):
+    """load_states(batch) plus the captions' bags of words [B, |V|] 0/1."""
+    return (*load_states(batch), split.bow_matrix(batch[0], v))

@@ -29,7 +29,9 @@ from ..base import Method, Sparsified
 from ..head import require_tokenizer
 from ..pairs import check_inputs, training_record
 from .config import VDRConfig
-from .data import Split, States, batches, caption_token_sets, load_batch, open_split
+from ..towers import FLAG, final_layer_backbone
+from .data import Split, States, batches, caption_token_sets, input_kind, load_batch, open_split
+from .init import check_layers, init_image_from_words, position_width
 from .head import VDRHead, gate, l2n, topk_mask
 from .loss import vdr_loss
 
@@ -98,10 +100,16 @@ class VDR(Method):
     def setup(self, inputs, progress=None):
         cfg = self.cfg
         _, ac = check_inputs(inputs)
-        train = open_split(inputs.train_images, inputs.train_captions, inputs.qrels)
+        kinds = {side: input_kind(path, side) for side, path in (("text", inputs.train_captions),
+                                                                  ("image", inputs.train_images))}
+        final = kinds["text"] == kinds["image"] == "final_input"
+        if "final_input" in kinds.values() and not final:
+            raise InputError(f"{inputs.train_images}, {inputs.train_captions}: only one holds final_input; encode both "
+                             f"with `encode-dense {FLAG}` (or both with --token-states --patch-states)")
+        train = open_split(inputs.train_images, inputs.train_captions, inputs.qrels, kinds)
         val = None
         if inputs.val_images is not None:
-            val = open_split(inputs.val_images, inputs.val_captions, inputs.val_qrels)
+            val = open_split(inputs.val_images, inputs.val_captions, inputs.val_qrels, kinds)
             for side, t, w in (("text", train.captions, val.captions), ("image", train.images, val.images)):
                 if (t.name, t.hidden) != (w.name, w.hidden):
                     raise InputError(f"{w.path}: {w.name} h={w.hidden} but the training {side} file has {t.name} "
@@ -111,10 +119,29 @@ class VDR(Method):
         raw = caption_token_sets(inputs.train_captions, voc.tokenizer, special)
         voc = restrict_to_frequent(voc, raw, cfg.vocab_min_df)
         self.training = training_record(inputs, ac, vocab_min_df=cfg.vocab_min_df)
+        layers, bb = None, None
+        if final:   # the layers' weights from the model the files name (checked by fingerprint)
+            bb = final_layer_backbone(ac, inputs.train_captions)
+            layers = {"text": bb.final_layer_weights("text"), "image": bb.final_layer_weights("image")}
+            check_layers(layers, bb.projections(), train)
+        elif cfg.vdr_image_init == "words":
+            raise InputError(f"--vdr-image-init words: {inputs.train_images} holds {kinds['image']}, not final_input; "
+                             f"encode with `encode-dense {FLAG}` (its model gives the word vectors)")
+        hidden = {side: position_width(layers, st, side) for side, st in (("text", train.captions),
+                                                                           ("image", train.images))}
         torch.manual_seed(cfg.seed)
-        head = VDRHead.from_vocab(voc, int(ac["dim"]), train.captions.hidden, train.images.hidden,
-                                  train.captions.name, train.images.name, cfg.vdr_query_k, cfg.vdr_doc_k,
-                                  cfg.vdr_temperature, self.training)
+        head = VDRHead.from_vocab(voc, int(ac["dim"]), hidden["text"], hidden["image"], train.captions.name,
+                                  train.images.name, cfg.vdr_query_k, cfg.vdr_doc_k, cfg.vdr_temperature,
+                                  self.training, pool=cfg.vdr_pool)
+        head.config.update(text_input_width=train.captions.hidden, image_input_width=train.images.hidden)
+        if final:
+            head.set_final_layers(layers["text"], layers["image"],
+                                  {k: ac[k] for k in ("model", "model_fingerprint") if k in ac}, cfg.tune_final_layer)
+            spec = layers["image"].spec   # a ViT's [CLS] comes first in its positions (backbones/final_layer.py)
+            if not cfg.vdr_image_cls and spec["kind"] == "vit" and spec.get("pooling") == "cls":
+                head.config["image_skip_cls"] = True
+            if cfg.vdr_image_init == "words":
+                init_image_from_words(head, bb, train, progress)
         tids = head.token_ids.numpy()
         train.bows = to_columns(raw, tids)
         if val is not None:
@@ -123,25 +150,38 @@ class VDR(Method):
         if progress is not None:
             progress.log(f"train-head vdr: {train.images.n} images ({train.images.name}, h={train.images.hidden}), "
                          f"{train.captions.n} captions ({train.captions.name}, h={train.captions.hidden}), "
-                         f"|V|={len(voc.terms)}, train k={cfg.vdr_train_k}")
+                         f"|V|={len(voc.terms)}, train k={cfg.vdr_train_k}"
+                         + (f", final layers {'tuned' if cfg.tune_final_layer else 'frozen'}" if final else "")
+                         + (", image head over the patches (no [CLS])" if head.config.get("image_skip_cls") else ""))
         return head, train, val
 
     def place(self, data, device):
         return data   # states stream from disk batch by batch; loss() moves each batch
 
     def param_groups(self, head) -> list[dict]:
-        decay = [p for n, p in head.named_parameters() if n != "logit_scale"]
-        return [{"params": decay}, {"params": [head.logit_scale], "weight_decay": 0.0}]
+        """The two heads (lr, weight decay); τ (lr, no decay); the final layers (final_lr, default lr;
+        no weight decay, as joint; frozen with --freeze-final-layer)."""
+        final = head.final_params()
+        for p in final:
+            p.requires_grad_(self.cfg.tune_final_layer)
+        heads = [*head.text.parameters(), *head.image.parameters()]
+        lr = self.cfg.lr if self.cfg.final_lr is None else self.cfg.final_lr
+        return [{"params": heads}, {"params": [head.logit_scale], "weight_decay": 0.0},
+                {"params": [p for p in final if p.requires_grad], "lr": lr, "weight_decay": 0.0}]
 
     def steps_per_epoch(self, train: Split) -> int:
         return math.ceil(train.captions.n / self.cfg.batch_size)
 
     def batches(self, train: Split, generator, epoch: int):
-        for item in batches(train, self.cfg.batch_size, generator, buffer_rows=self.cfg.vdr_buffer_rows):
+        for item in batches(train, self.cfg.batch_size, generator, buffer_rows=self.cfg.vdr_buffer_rows,
+                           by_image=self.cfg.batch_by == "image"):
             yield item, train
 
     def loss(self, head, batch, step, generator, device):
         item, train = batch
+        if head.has_final and not self.cfg.tune_final_layer:   # frozen: no dropout, as stored states
+            head.text_final.eval()
+            head.image_final.eval()
         xc, mc, xi, cap_img, bow = (t.to(device) if t is not None else None
                                     for t in load_batch(train, item, int(head.config["vocab_size"])))
         v_q = head(xc, mc, "text")
@@ -175,14 +215,12 @@ class VDR(Method):
         attrs = read_dense_attrs(dense)
         side = "image" if attrs["modality"] == "image" else "text"
         want = head.config[f"{side}_input"]
-        states = States(dense, side, prefer_states=want != "vectors")
+        states = States(dense, side, want)
         try:
-            if states.name != want:
-                raise InputError(f"{dense}: no {want} dataset, which head {head_dir} was trained on; re-run "
-                                 f"encode-dense with --{want.replace('_', '-')}")
-            if states.hidden != int(head.config[f"{side}_hidden"]):
+            width = int(head.config.get(f"{side}_input_width", head.config[f"{side}_hidden"]))
+            if states.hidden != width:
                 raise InputError(f"{dense}: {want} h={states.hidden} but head {head_dir} expects "
-                                 f"h={head.config[f'{side}_hidden']}; use the head trained on this backbone")
+                                 f"h={width}; use the head trained on this backbone")
             opt = options.get("vdr_doc_k" if side == "image" else "vdr_query_k")
             k = int(opt if opt is not None else head.config["k_doc" if side == "image" else "k_query"])
             bows = None
