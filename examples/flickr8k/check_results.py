@@ -20,6 +20,8 @@ from pathlib import Path
 # machines and thread counts (README "Results of the main job" says by how much); the targets the job
 # does not reach (issue 25) are named beside the bound it does hold.
 DOC_EXACT = 0.40      # image-side doc_Exact@10, the target (measured 0.433; 0.327 before the word loss)
+BUDGET = 9.4          # train-head --target-flops of the D2S head (examples/flickr8k/Makefile D2S_BUDGET)
+BUDGET_LIMIT = BUDGET * 1.15
 CAPTION_TERMS = 0.85  # caption-term R@10 / dense R@10, the target (measured 0.901)
 MAX_DF = 0.50         # doc_max_df, the target: no term in more than half the test images (measured 0.445)
 IF_R1 = 0.80          # inference-free R@1 / dense R@1 (measured 0.900)
@@ -35,7 +37,9 @@ CLAIMS = [
     # D2S, expanded queries: the D2S paper keeps 0.90 x dense R@1 at FLOPs 11.5
     ("expanded-query R@1 >= 0.90 x dense R@1", "sparse", "R@1", ">=", ("dense", "R@1", 0.90)),
     ("expanded-query R@10 >= 0.95 x dense R@10", "sparse", "R@10", ">=", ("dense", "R@10", 0.95)),
-    ("FLOPs of expanded queries <= 15", "sparse", "FLOPs", "<=", 15.0),
+    # the main job's FLOPs budget (Makefile D2S_BUDGET 9.4, the frontier's smallest budget at 0.95 x dense
+    # R@1, docs/d2s.md), the saved epoch's validation FLOPs <= 1.15 x it; measured on test 9.35
+    (f"FLOPs of expanded queries <= {BUDGET_LIMIT:.2f} (budget {BUDGET} + 15 %)", "sparse", "FLOPs", "<=", BUDGET_LIMIT),
     # the terms a person reads: caption side, image side, no hub term
     ("caption-side Exact@20 >= 0.20", "sparse", "Exact@20", ">=", 0.20),
     (f"image-side doc_Exact@10 >= {DOC_EXACT}", "sparse", "doc_Exact@10", ">=", DOC_EXACT),

@@ -13,12 +13,12 @@
 #       the paired t-test of joint against the D2S head of the same budget on the same queries
 #       ($(WORK)/frontier/joint-vs-d2s-F.json); the table $(WORK)/frontier/table.md (+ table.json) and the
 #       picture $(WORK)/frontier/frontier.png (R@1 vs FLOPs, a line per method, dense as a horizontal line,
-#       VDR as points where $(WORK)/eval/vdr.json / vdr-bow.json exist).
+#       VDR and VDR^α at k = VDR_K_PAPER and VDR_K as points where `make vdr` wrote them).
 #   FRONTIER_D2S / FRONTIER_IF / FRONTIER_JOINT   the budgets (FLOPs, eq. 1) of each method
 #   JOINT_FRONTIER_FLAGS                          the joint heads' flags after JOINT_FLAGS, before --target-flops
 # BM25-V is not on the picture: its runs are image-to-image on a class-labelled subset (bm25v.mk), not
 # caption-to-image on the test split.
-FRONTIER_D2S   ?= 2 4 6 9.4 12
+FRONTIER_D2S   ?= 2 4 6 8 9.4 12
 FRONTIER_IF    ?= 0.5 1 2
 FRONTIER_JOINT ?= 6 9.4
 # joint's schedule (joint.mk) with D2S's sparse options; η 0.025 = D2S's λ·η (0.5 x 0.05): eq. 3 has no λ
@@ -41,8 +41,22 @@ FRONTIER_ROWS := $(foreach b,$(FRONTIER_D2S),D2S=$(WORK)/heads/$(call front_d2s,
   $(foreach h,$(FRONTIER_IF_HEADS),inference-free=$(WORK)/heads/$(h)=$(WORK)/eval/$(h).inference-free.json)
 FRONTIER_EVALS  := $(foreach r,$(FRONTIER_ROWS),$(lastword $(subst =, ,$(r))))
 FRONTIER_PAIRED := $(foreach b,$(FRONTIER_JOINT),$(WORK)/frontier/joint-vs-d2s-$(b).json)
-FRONTIER_POINTS  = $(if $(wildcard $(WORK)/eval/vdr.json),"VDR=$(WORK)/eval/vdr.json") \
-                   $(if $(wildcard $(WORK)/eval/vdr-bow.json),"VDR (bag-of-words queries)=$(WORK)/eval/vdr-bow.json")
+# VDR (vdr.mk) at the paper's k and at k = 512, with parametric and bag-of-words queries, where `make vdr` ran
+# (words LABEL=FILE, ~ for the label's spaces)
+vdr_point        = $(if $(wildcard $(WORK)/eval/$(2).json),$(1)=$(WORK)/eval/$(2).json)
+FRONTIER_POINTS  = $(call vdr_point,VDR~(k=$(VDR_K_PAPER)),vdr-k$(VDR_K_PAPER)) \
+                   $(call vdr_point,VDR^α~(k=$(VDR_K_PAPER)),vdr-bow-k$(VDR_K_PAPER)) \
+                   $(call vdr_point,VDR~(k=$(VDR_K)),vdr-k$(VDR_K)) $(call vdr_point,VDR^α~(k=$(VDR_K)),vdr-bow-k$(VDR_K))
+
+# The rows in a file rewritten when their list changes, a prerequisite of the table: stages/common.mk's .SECONDARY
+# would otherwise leave a budget added later untrained, its evaluation missing under a newer table
+FRONTIER_LIST := $(WORK)/frontier/rows.txt
+ifneq ($(filter frontier $(WORK)/frontier/table.md,$(MAKECMDGOALS)),)
+ifneq ($(strip $(FRONTIER_ROWS) $(FRONTIER_POINTS)),$(strip $(file < $(FRONTIER_LIST))))
+$(shell mkdir -p $(WORK)/frontier)
+$(file > $(FRONTIER_LIST),$(FRONTIER_ROWS) $(FRONTIER_POINTS))
+endif
+endif
 
 .PHONY: frontier
 frontier: $(WORK)/frontier/table.md
@@ -55,8 +69,8 @@ $(WORK)/frontier/joint-vs-d2s-$(1).json: $(WORK)/runs/front-joint-$(1).expand.tr
 endef
 $(foreach b,$(FRONTIER_JOINT),$(eval $(call FRONTIER_PAIRED_RULE,$(b))))
 
-$(WORK)/frontier/table.md: $(FRONTIER_EVALS) $(FRONTIER_PAIRED) $(WORK)/eval/dense.json
+$(WORK)/frontier/table.md: $(FRONTIER_EVALS) $(FRONTIER_PAIRED) $(WORK)/eval/dense.json $(FRONTIER_LIST)
 	$(PYTHON) -m mmsparse.metrics.frontier --dense $(WORK)/eval/dense.json $(addprefix --row ,$(FRONTIER_ROWS)) \
-	  $(addprefix --point ,$(FRONTIER_POINTS)) \
+	  $(foreach p,$(FRONTIER_POINTS),--point "$(subst ~, ,$(p))") \
 	  $(foreach b,$(FRONTIER_JOINT),--paired "joint vs D2S, budget $(b)=$(WORK)/frontier/joint-vs-d2s-$(b).json") \
 	  -o $@ --plot $(WORK)/frontier/frontier.png

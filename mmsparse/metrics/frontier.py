@@ -126,8 +126,9 @@ def plot(rows: list[dict], dense: dict, points: list[dict], path: Path, measure:
                     marker="o", ms=4, capsize=2, lw=1.2, color=f"C{i}", label=m)
         for x, y, _, budget in pts:   # the budget each point was trained at
             if budget:
-                ax.annotate(f"F={budget:g}", (x, 100 * y), textcoords="offset points", xytext=(4, -9), fontsize=6,
-                            color=f"C{i}")
+                # below right for the first method, above left for the next: labels of equal budgets do not collide
+                ax.annotate(f"F={budget:g}", (x, 100 * y), textcoords="offset points", fontsize=6, color=f"C{i}",
+                            xytext=(4, -9) if i % 2 == 0 else (-4, 5), ha="left" if i % 2 == 0 else "right")
     for j, p in enumerate(points):
         if p.get("FLOPs"):
             ax.errorbar([p["FLOPs"]], [100 * p[measure]], yerr=[100 * se(p[measure], int(p.get("queries") or n))],
@@ -148,7 +149,7 @@ def plot(rows: list[dict], dense: dict, points: list[dict], path: Path, measure:
 
 
 def _split(item: str, names: tuple[str, ...], flag: str) -> list[str]:
-    out = item.split("=", len(names) - 1)
+    out = item.rsplit("=", len(names) - 1)    # from the right: a label may hold "=" ("VDR (k=48)"), paths do not
     if len(out) != len(names) or not all(out):
         raise InputError(f"{flag} {item!r}: expected {'='.join(names)}")
     return out
