@@ -119,13 +119,43 @@ def test_frontier_table_and_picture(tmp_path):
     rows = [f"--row={m}={tmp_path / 'heads' / h}={tmp_path / h}.json" for m, h in (("A", "a2"), ("A", "a6"),
                                                                                    ("B", "b6"))]
     out = tmp_path / "frontier" / "table.md"
-    assert main(["--dense", str(tmp_path / "dense.json"), *rows, "--point", f"VDR={tmp_path / 'a2.json'}",
+    assert main(["--dense", str(tmp_path / "dense.json"), *rows, "--point", f"VDR (k=48)={tmp_path / 'a2.json'}",
                  "--paired", f"B vs A={tmp_path / 'pair.json'}", "-o", str(out), "--plot",
                  str(tmp_path / "frontier" / "f.png")]) == 0
     md = out.read_text()
     assert "| A | 2 | 2.20 (1.10) | 2.16 | 15.0 ± 0.5 | 55.0 ± 0.7 | 0.750 | 0.917 | 41.0 |" in md
-    assert "| B vs A | 18.0 | 19.0 | -1.0 | 0.01 |" in md and "| VDR |" in md and "| dense |" in md
+    assert "| B vs A | 18.0 | 19.0 | -1.0 | 0.01 |" in md and "| VDR (k=48) |" in md and "| dense |" in md
     assert (tmp_path / "frontier" / "f.png").stat().st_size > 1000
     assert len(json.loads(out.with_suffix(".json").read_text())["rows"]) == 3
     with pytest.raises(InputError, match="exactly one --compare"):
         main(["--dense", str(tmp_path / "dense.json"), "--paired", f"x={tmp_path / 'dense.json'}", "-o", str(out)])
+
+
+def test_make_frontier_trains_every_budget(tmp_path):
+    """`make -n frontier`: one head per budget with --target-flops (the main job's head stands for its own
+    budget, D2S_BUDGET), joint with D2S's options, the paired tests, and a budget added later is trained
+    although a table already exists (the rows file)."""
+    import shlex
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+
+    def dry(*args):
+        p = subprocess.run(["make", "-n", "-C", str(root / "examples" / "flickr8k"), f"WORK={tmp_path}", *args,
+                            "frontier"], capture_output=True, text=True, check=True)
+        cmds = [shlex.split(c) for c in p.stdout.replace("\\\n", " ").splitlines() if c.startswith(("mmsparse", "python"))]
+        return {c[c.index("-o") + 1].rsplit("/", 1)[1]: c for c in cmds if c[:2] == ["mmsparse", "train-head"]}, cmds
+
+    train, cmds = dry()
+    budgets = {h: c[c.index("--target-flops") + 1] for h, c in train.items()}
+    assert budgets == {"front-d2s-2": "2", "front-d2s-4": "4", "front-d2s-6": "6", "front-d2s-8": "8", "d2s": "9.4",
+                       "front-d2s-12": "12", "front-if-0.5": "0.5", "front-if-1": "1", "front-if-2": "2",
+                       "front-joint-6": "6", "front-joint-9.4": "9.4"}
+    assert "--doc-max-share" in train["front-joint-6"] and "--method" in train["front-joint-6"]
+    assert sum(c[:3] == ["mmsparse", "eval", f"{tmp_path}/runs/front-joint-6.expand.trec"] and "--compare" in c
+               for c in cmds) == 1
+    (tmp_path / "frontier").mkdir(exist_ok=True)
+    (tmp_path / "frontier" / "table.md").write_text("an older table")
+    train, _ = dry("FRONTIER_D2S=3", "FRONTIER_IF=", "FRONTIER_JOINT=")
+    assert "front-d2s-3" in train and (tmp_path / "frontier" / "rows.txt").read_text().count("D2S=") == 1
