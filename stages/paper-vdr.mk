@@ -105,30 +105,9 @@ $(foreach h,$(VDR_ABLATION_HEADS),$(call vdr_runs,$(h),$(VDR_K),$(WORK)/runs/vdr
 $(eval $(call PAPER_VDR_EVAL_RULE,vdr,$(VDR_K),vdr-k$(VDR_K),$(call vdr_query,vdr,vdr,$(VDR_K)),vdr-ref-k$(VDR_K),))
 $(eval $(call PAPER_VDR_EVAL_RULE,vdr,$(VDR_K),vdr-bow-k$(VDR_K),$(call vdr_query,vdr,bow,$(VDR_K)),vdr-bow-ref-k$(VDR_K),))
 
-# The dense model trained alike (its sparsify writes the tuned dense vectors) and the backbone's own dense model (the
-# final-layer files' `vectors`), both served by Faiss
-$(WORK)/heads/vdr-dense/config.json: $(VDR_INPUTS)
-	$(MMSPARSE) train-head --method dense $(VDR_STATES)/train-images.h5 $(VDR_STATES)/train-captions.h5 \
-	  --val-images $(VDR_STATES)/val-images.h5 --val-captions $(VDR_STATES)/val-captions.h5 \
-	  -o $(@D) $(VDR_SCHEDULE) $(VDR_DENSE_FLAGS) $(TRAIN_FLAGS)
-
-$(WORK)/dense/vdr-dense/$(EVAL_SPLIT)-%.h5: $(WORK)/heads/vdr-dense/config.json $(VDR_STATES)/$(EVAL_SPLIT)-%.h5
-	$(MMSPARSE) sparsify $(<D) $(word 2,$^) -o $@
-
-$(WORK)/index/vdr-dense/mmsparse.json: $(WORK)/dense/vdr-dense/$(EVAL_SPLIT)-images.h5
-	$(MMSPARSE) index $< -o $(@D) $(DENSE_INDEX_FLAGS)
-$(WORK)/index/vdr-backbone/mmsparse.json: $(VDR_STATES)/$(EVAL_SPLIT)-images.h5
-	$(MMSPARSE) index $< -o $(@D) $(DENSE_INDEX_FLAGS)
-
-$(WORK)/runs/vdr-dense.trec: $(WORK)/index/vdr-dense/mmsparse.json $(WORK)/dense/vdr-dense/$(EVAL_SPLIT)-captions.h5
-	$(MMSPARSE) search $(<D) $(word 2,$^) -o $@ --k $(K) $(SEARCH_FLAGS)
-$(WORK)/runs/vdr-backbone.trec: $(WORK)/index/vdr-backbone/mmsparse.json $(VDR_STATES)/$(EVAL_SPLIT)-captions.h5
-	$(MMSPARSE) search $(<D) $(word 2,$^) -o $@ --k $(K) $(SEARCH_FLAGS)
-
-$(WORK)/eval/vdr-dense.json: $(WORK)/runs/vdr-dense.trec
-	$(MMSPARSE) eval $< $(VDR_QRELS) -o $@ $(EVAL_FLAGS)
-$(WORK)/eval/vdr-backbone.json: $(WORK)/runs/vdr-backbone.trec $(VDR_DENSE_RUN)
-	$(MMSPARSE) eval $< $(VDR_QRELS) -o $@ --dense-run $(VDR_DENSE_RUN) $(EVAL_FLAGS)
+# The dense model trained alike and the backbone's own dense model (vdr-backbone), both served by Faiss
+VDR_BACKBONE_ROW := vdr-backbone
+include $(ROOT)/stages/vdr-dense.mk
 
 # the D2S heads' expanded-query runs (stages/*.mk), tested against the dense model trained alike like the other rows
 define PAPER_VDR_D2S_RULE

@@ -94,30 +94,9 @@ $(foreach h,$(VDR_ABLATION_HEADS),$(eval $(call VDR_K_RULES,$(h),$(VDR_K),$(WORK
 $(WORK)/sparse/%/$(EVAL_SPLIT)-images.all.h5: $(WORK)/heads/%/config.json
 	$(MMSPARSE) sparsify $(WORK)/heads/$* $(VDR_STATES)/$(EVAL_SPLIT)-images.h5 -o $@ --vdr-doc-k $(VDR_ALL) --allow-dense
 
-# The dense model trained alike (train-head --method dense: its sparsify writes the tuned dense vectors) and the
-# shipped dense model (the final-layer files' own `vectors`), both served by Faiss (exact inner product)
-$(WORK)/heads/vdr-dense/config.json: $(VDR_INPUTS)
-	$(MMSPARSE) train-head --method dense $(VDR_STATES)/train-images.h5 $(VDR_STATES)/train-captions.h5 \
-	  --val-images $(VDR_STATES)/val-images.h5 --val-captions $(VDR_STATES)/val-captions.h5 \
-	  -o $(@D) $(VDR_SCHEDULE) $(VDR_DENSE_FLAGS) $(TRAIN_FLAGS)
-
-$(WORK)/dense/vdr-dense/$(EVAL_SPLIT)-%.h5: $(WORK)/heads/vdr-dense/config.json $(VDR_STATES)/$(EVAL_SPLIT)-%.h5
-	$(MMSPARSE) sparsify $(<D) $(word 2,$^) -o $@
-
-$(WORK)/index/vdr-dense/mmsparse.json: $(WORK)/dense/vdr-dense/$(EVAL_SPLIT)-images.h5
-	$(MMSPARSE) index $< -o $(@D) $(DENSE_INDEX_FLAGS)
-$(WORK)/index/vdr-shipped/mmsparse.json: $(VDR_STATES)/$(EVAL_SPLIT)-images.h5
-	$(MMSPARSE) index $< -o $(@D) $(DENSE_INDEX_FLAGS)
-
-$(WORK)/runs/vdr-dense.trec: $(WORK)/index/vdr-dense/mmsparse.json $(WORK)/dense/vdr-dense/$(EVAL_SPLIT)-captions.h5
-	$(MMSPARSE) search $(<D) $(word 2,$^) -o $@ --k $(K) $(SEARCH_FLAGS)
-$(WORK)/runs/vdr-shipped.trec: $(WORK)/index/vdr-shipped/mmsparse.json $(VDR_STATES)/$(EVAL_SPLIT)-captions.h5
-	$(MMSPARSE) search $(<D) $(word 2,$^) -o $@ --k $(K) $(SEARCH_FLAGS)
-
-$(WORK)/eval/vdr-dense.json: $(WORK)/runs/vdr-dense.trec
-	$(MMSPARSE) eval $< $(VDR_QRELS) -o $@ $(EVAL_FLAGS)
-$(WORK)/eval/vdr-shipped.json: $(WORK)/runs/vdr-shipped.trec $(VDR_DENSE_RUN)
-	$(MMSPARSE) eval $< $(VDR_QRELS) -o $@ --dense-run $(VDR_DENSE_RUN) $(EVAL_FLAGS)
+# The dense model trained alike and the backbone's own dense model (vdr-shipped), both served by Faiss
+VDR_BACKBONE_ROW := vdr-shipped
+include $(ROOT)/stages/vdr-dense.mk
 
 .PHONY: vdr vdr-table vdr-clouds vdr-curve vdr-ablation
 vdr: vdr-table vdr-clouds vdr-curve
