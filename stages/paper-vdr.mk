@@ -107,7 +107,7 @@ $(eval $(call PAPER_VDR_EVAL_RULE,vdr,$(VDR_K),vdr-bow-k$(VDR_K),$(call vdr_quer
 
 # The dense model trained alike and the backbone's own dense model (vdr-backbone), both served by Faiss
 VDR_BACKBONE_ROW := vdr-backbone
-include $(ROOT)/stages/vdr-dense.mk
+include $(ROOT)/stages/vdr-common.mk
 
 # the D2S heads' expanded-query runs (stages/*.mk), tested against the dense model trained alike like the other rows
 define PAPER_VDR_D2S_RULE
@@ -136,17 +136,9 @@ $(WORK)/eval/vdr-table.md: $(VDR_EVALS)
 	$(MMSPARSE) eval --table $^ $(call vdr_labels,$(VDR_LABELS)) $(VDR_COLUMNS) -o $@
 	$(PYTHON) -m mmsparse.methods.joint se $(call vdr_pairs,$(VDR_LABELS),$^) -o $(WORK)/eval/vdr-se.md
 
-# Fig. 7: the whole V(x) of the test images (no gate), averaged: with and without the bag-of-words entry
+# Fig. 7's input (stages/vdr-common.mk draws it): the whole V(x) of the test images, no gate
 $(WORK)/sparse/%/$(EVAL_SPLIT)-images.all.h5: $(WORK)/heads/%/config.json $(VDR_STATES)/$(EVAL_SPLIT)-images.h5
 	$(MMSPARSE) sparsify $(<D) $(VDR_STATES)/$(EVAL_SPLIT)-images.h5 -o $@ --vdr-doc-k 1000000 --allow-dense $(SPARSIFY_FLAGS)
-vdr-clouds: $(WORK)/plots/vdr-clouds.png
-$(WORK)/plots/vdr-clouds.png: $(WORK)/sparse/vdr/$(EVAL_SPLIT)-images.all.h5 $(WORK)/sparse/vdr-nobow/$(EVAL_SPLIT)-images.all.h5
-	$(PYTHON) -m mmsparse.methods.vdr clouds "VDR (w/ BoW)=$<" "VDR (w/o BoW)=$(word 2,$^)" -o $@
-
-# validation R@10 per epoch: VDR (parametric and bag-of-words queries) and the dense model trained alike
-vdr-curve: $(WORK)/plots/vdr-curve.png
-$(WORK)/plots/vdr-curve.png: $(WORK)/heads/vdr/config.json $(WORK)/heads/vdr-dense/config.json
-	$(PYTHON) -m mmsparse.methods.vdr curve $(^D) -o $@
 
 # Figure 3 in shape at VDR_K, one table per query kind (parametric rows † vs VDR, bag-of-words rows † vs VDR^α)
 VDR_ABL        = $(WORK)/eval/vdr-ref-k$(VDR_K).json $(foreach h,$(VDR_ABLATION_HEADS),$(WORK)/eval/$(h)-k$(VDR_K).json)

@@ -96,7 +96,7 @@ $(WORK)/sparse/%/$(EVAL_SPLIT)-images.all.h5: $(WORK)/heads/%/config.json
 
 # The dense model trained alike and the backbone's own dense model (vdr-shipped), both served by Faiss
 VDR_BACKBONE_ROW := vdr-shipped
-include $(ROOT)/stages/vdr-dense.mk
+include $(ROOT)/stages/vdr-common.mk
 
 .PHONY: vdr vdr-table vdr-clouds vdr-curve vdr-ablation
 vdr: vdr-table vdr-clouds vdr-curve
@@ -119,16 +119,6 @@ vdr-table: $(VDR_EVALS) $(VDR_D2S)
 	  "VDR (k=$(VDR_K))=$(word 3,$(VDR_EVALS))" "VDR^α (k=$(VDR_K))=$(word 4,$(VDR_EVALS))" \
 	  "VDR (k=$(VDR_K_PAPER))=$(word 5,$(VDR_EVALS))" "VDR^α (k=$(VDR_K_PAPER))=$(word 6,$(VDR_EVALS))" \
 	  $(if $(VDR_D2S),"D2S (main job)=$(VDR_D2S)") -o $(WORK)/eval/vdr-se.md
-
-# Fig. 7: mean term weights over the test images, with and without the bag-of-words entry
-vdr-clouds: $(WORK)/plots/vdr-clouds.png
-$(WORK)/plots/vdr-clouds.png: $(WORK)/sparse/vdr/$(EVAL_SPLIT)-images.all.h5 $(WORK)/sparse/vdr-nobow/$(EVAL_SPLIT)-images.all.h5
-	$(PYTHON) -m mmsparse.methods.vdr clouds "VDR (w/ BoW)=$<" "VDR (w/o BoW)=$(word 2,$^)" -o $@
-
-# validation R@10 per epoch: VDR (parametric and bag-of-words queries) and the dense model trained alike
-vdr-curve: $(WORK)/plots/vdr-curve.png
-$(WORK)/plots/vdr-curve.png: $(WORK)/heads/vdr/config.json $(WORK)/heads/vdr-dense/config.json
-	$(PYTHON) -m mmsparse.methods.vdr curve $(^D) -o $@
 
 # Figure 3 in shape (and the frozen final layer) at VDR_K, one table per query kind: parametric rows † vs VDR's run,
 # bag-of-words rows † vs VDR^α's (the reference rows evaluated on their own: no test against themselves)
