@@ -37,3 +37,15 @@ def check_options(obj) -> None:
             raise InputError(f"{flag.split('/')[0]} {v!r}: choose one of {', '.join(map(str, m['choices']))}")
         if m.get("min") is not None and v < m["min"] or m.get("max") is not None and v > m["max"]:
             raise InputError(f"{flag} {v!r}: must be in [{m.get('min')}, {m.get('max')}]")
+
+
+def split_argv(args: list[str], valued: tuple[str, ...]) -> tuple[dict[str, str | None], list[str]]:
+    """({flag: value} for each flag of `valued` in args, taking the next argument (None at the end),
+    the remaining arguments in order): the small `python -m mmsparse.methods.X` tools' parsing."""
+    opts, rest, it = {}, [], iter(args)
+    for x in it:
+        if x in valued:
+            opts[x] = next(it, None)
+        else:
+            rest.append(x)
+    return opts, rest

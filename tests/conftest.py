@@ -265,6 +265,37 @@ def search_setup(tmp_path_factory, flickr8k_dir, dual_encoder_dir) -> dict:
             "images": flickr8k_dir / "images"}
 
 
+def write_without_final_inputs(src: Path, out: Path, split: str = "val") -> tuple[Path, Path]:
+    """Copies of src/{split}-images.h5 and -captions.h5 holding the vectors and their identity
+    attributes but not the final-layer inputs (the files a plain `encode-dense` writes): the
+    (images, captions) paths under out."""
+    from mmsparse.formats.dense import read_dense, write_dense
+    paths = []
+    for kind in ("images", "captions"):
+        d = read_dense(src / f"{split}-{kind}.h5")
+        keep = {k: d.attrs[k] for k in ("modality", "backbone", "model", "model_fingerprint", "dataset", "split",
+                                         "normalized")}
+        paths.append(out / f"{kind}.h5")
+        write_dense(paths[-1], d.ids, d.vectors, keep, texts=d.texts, image_ids=d.image_ids)
+    return paths[0], paths[1]
+
+
+def check_query_is_the_sparsify_row(head: Path, dense: Path, tmp_path: Path) -> Path:
+    """`mmsparse.query` of the first test caption's text through `head` gives that caption's
+    `sparsify` row (same terms, weights within 1e-3 relative) over an index of the test images;
+    returns the sparsified test images' path."""
+    import mmsparse
+    from mmsparse.formats.sparse import read_sparse
+    docs = mmsparse.sparsify(head, dense / "test-images.h5", out=tmp_path / "docs.h5")
+    caps = read_sparse(mmsparse.sparsify(head, dense / "test-captions.h5", out=tmp_path / "caps.h5"))
+    idx = mmsparse.build_index(docs, out=tmp_path / "index")
+    (r,) = mmsparse.query(idx, [caps.texts[0]], k=4)
+    want = {caps.vocab[j]: w for j, w in zip(*(a.tolist() for a in caps.row(0)))}
+    got = {t["term"]: t["weight"] for t in r["terms"]}
+    assert got.keys() == want.keys() and all(abs(got[t] - want[t]) < 1e-3 * max(1.0, want[t]) for t in want)
+    return docs
+
+
 def write_dense_pair(root: Path, model: Path, n_img: int, split: str = "train", d: int = 32, seed: int = 0) -> None:
     """`split`-images.h5 (n_img random unit vectors [n_img, d]) and `split`-captions.h5 (two noisy copies
     of each, with WORDS texts and image ids) in `root`: a small dense pair for the kill/resume tests."""

@@ -20,6 +20,8 @@ from mmsparse.formats.dense import read_dense, read_dense_attrs
 from mmsparse.formats.sparse import read_sparse
 from mmsparse.methods.head import load_head
 
+from conftest import check_query_is_the_sparsify_row, write_without_final_inputs
+
 TEXT_MODULES = ["text_model.encoder.layer.5", "text_model.pooler"]
 
 
@@ -98,12 +100,7 @@ def test_sparsify_recomputes_dense_vectors_through_the_final_layers(final_run):
 
 def test_files_without_final_inputs_are_refused_with_the_flag(final_run, run_cli, tmp_path):
     _, dense, head_dir = final_run
-    from mmsparse.formats.dense import write_dense
-    for kind in ("images", "captions"):
-        d = read_dense(dense / f"val-{kind}.h5")
-        keep = {k: d.attrs[k] for k in ("modality", "backbone", "model", "model_fingerprint", "dataset", "split",
-                                         "normalized")}
-        write_dense(tmp_path / f"{kind}.h5", d.ids, d.vectors, keep, texts=d.texts, image_ids=d.image_ids)
+    write_without_final_inputs(dense, tmp_path)
     code, _, err = run_cli("train-head", "--method", "joint", tmp_path / "images.h5", tmp_path / "captions.h5",
                              "-o", tmp_path / "head")
     assert code == 2 and "--final-layer-inputs" in err and "final_input" in err and len(err.strip().splitlines()) == 1
@@ -129,13 +126,7 @@ def test_query_encodes_through_the_final_layers(final_run, tmp_path):
     """`query` with a final-layer head: its text query is the caption's sparsify row (the query
     encoder stores final-layer inputs and the head runs its tuned layers on them)."""
     _, dense, head_dir = final_run
-    docs = mmsparse.sparsify(head_dir, dense / "test-images.h5", out=tmp_path / "docs.h5")
-    caps = read_sparse(mmsparse.sparsify(head_dir, dense / "test-captions.h5", out=tmp_path / "caps.h5"))
-    idx = mmsparse.build_index(docs, out=tmp_path / "index")
-    (r,) = mmsparse.query(idx, [caps.texts[0]], k=4)
-    want = {caps.vocab[j]: w for j, w in zip(*(a.tolist() for a in caps.row(0)))}
-    got = {t["term"]: t["weight"] for t in r["terms"]}
-    assert got.keys() == want.keys() and all(abs(got[t] - want[t]) < 1e-3 * max(1.0, want[t]) for t in want)
+    check_query_is_the_sparsify_row(head_dir, dense, tmp_path)
 
 
 def test_validation_curve_of_the_trained_head(final_run, tmp_path):

@@ -23,6 +23,8 @@ from mmsparse.methods.head import load_head
 from mmsparse.methods.vdr.data import States
 from mmsparse.methods.vdr.method import encode_split
 
+from conftest import check_query_is_the_sparsify_row, write_without_final_inputs
+
 VDR = dict(method="vdr", epochs=1, batch_size=8, vocab_min_df=1, vdr_train_k=8, vdr_query_k=8, vdr_doc_k=16)
 
 
@@ -166,12 +168,7 @@ def test_dense_baseline_trains_and_writes_tuned_vectors(states, tmp_path):
 
 def test_files_without_final_inputs_are_refused_in_one_line(states, run_cli, tmp_path):
     _, dense = states
-    from mmsparse.formats.dense import write_dense
-    for kind in ("images", "captions"):
-        d = read_dense(dense / f"val-{kind}.h5")
-        keep = {k: d.attrs[k] for k in ("modality", "backbone", "model", "model_fingerprint", "dataset", "split",
-                                         "normalized")}
-        write_dense(tmp_path / f"{kind}.h5", d.ids, d.vectors, keep, texts=d.texts, image_ids=d.image_ids)
+    write_without_final_inputs(dense, tmp_path)
     code, _, err = run_cli("train-head", "--method", "dense", tmp_path / "images.h5", tmp_path / "captions.h5",
                            "-o", tmp_path / "head")
     assert code == 2 and "--final-layer-inputs" in err and "final_input" in err and len(err.strip().splitlines()) == 1
@@ -209,13 +206,7 @@ def test_query_and_figures_of_a_final_layer_head(states, tuned, tmp_path):
     from PIL import Image
 
     _, dense = states
-    docs = mmsparse.sparsify(tuned, dense / "test-images.h5", out=tmp_path / "docs.h5")
-    caps = read_sparse(mmsparse.sparsify(tuned, dense / "test-captions.h5", out=tmp_path / "caps.h5"))
-    idx = mmsparse.build_index(docs, out=tmp_path / "index")
-    (r,) = mmsparse.query(idx, [caps.texts[0]], k=4)
-    want = {caps.vocab[j]: w for j, w in zip(*(a.tolist() for a in caps.row(0)))}
-    got = {t["term"]: t["weight"] for t in r["terms"]}
-    assert got.keys() == want.keys() and all(abs(got[t] - want[t]) < 1e-3 * max(1.0, want[t]) for t in want)
+    docs = check_query_is_the_sparsify_row(tuned, dense, tmp_path)
     for args in (["curve", str(tuned)], ["clouds", f"VDR={docs}"]):
         out = tmp_path / f"{args[0]}.png"
         p = subprocess.run([sys.executable, "-m", "mmsparse.methods.vdr", *args, "-o", str(out)], capture_output=True,

@@ -73,3 +73,13 @@ def read_training(path: str | Path) -> dict:
     except (OSError, ValueError, KeyError) as e:
         raise InputError(f"{p}: no train-head record ({type(e).__name__}: {e}); pass a head directory that "
                          "train-head wrote") from e
+
+
+def validated_epochs(path: str | Path) -> tuple[dict, list[dict]]:
+    """(read_training(path), the entries of its `history` that carry a `val` dict), for the validation
+    curves. InputError when there is no train-head record or no validated epoch."""
+    t = read_training(path)
+    rows = [e for e in t.get("history", []) if isinstance(e.get("val"), dict)]
+    if not rows:
+        raise InputError(f"{path}: the head holds no validated epochs; train it with --val-images/--val-captions")
+    return t, rows

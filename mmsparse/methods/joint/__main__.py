@@ -7,6 +7,7 @@ python -m mmsparse.methods.joint curve HEAD_DIR... [--reference HEAD_DIR] -o OUT
 import sys
 
 from ...atomic import write_text_atomic
+from ...options import split_argv
 from .method import grid_table, se_table
 
 args = sys.argv[1:]
@@ -14,12 +15,7 @@ USAGE = ("usage: python -m mmsparse.methods.joint grid HEAD_DIR... | se LABEL=EV
          "curve HEAD_DIR... [--reference HEAD_DIR] -o OUT.png")
 if not args or args[0] not in ("grid", "se", "curve"):
     sys.exit(USAGE)
-opts, rest, it = {}, [], iter(args[1:])
-for x in it:   # "-o OUT" and "--reference DIR" take the next argument; the rest are positional
-    if x in ("-o", "--reference"):
-        opts[x] = next(it, None)
-    else:
-        rest.append(x)
+opts, rest = split_argv(args[1:], ("-o", "--reference"))   # each of those flags takes the next argument
 out, ref = opts.get("-o"), opts.get("--reference")
 if args[0] == "curve":
     from ...errors import InputError

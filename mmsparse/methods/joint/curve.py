@@ -8,8 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from ...errors import InputError
-from ..headdir import read_training
+from ..headdir import read_training, validated_epochs
 
 
 def curve_figure(heads: Sequence[str | Path], out: str | Path, reference: str | Path | None = None) -> None:
@@ -26,10 +25,7 @@ def curve_figure(heads: Sequence[str | Path], out: str | Path, reference: str | 
     fig, (ax, axf) = plt.subplots(2, 1, figsize=(5.6, 5.6), sharex=True, height_ratios=(3, 1.3))
     before = None
     for i, h in enumerate(heads):
-        t = read_training(h)
-        rows = [e for e in t.get("history", []) if isinstance(e.get("val"), dict)]
-        if not rows:
-            raise InputError(f"{h}: the head holds no validated epochs; train it with --val-images/--val-captions")
+        t, rows = validated_epochs(h)
         ep = [e["epoch"] for e in rows]
         color = f"C{i}"
         name = Path(h).name

@@ -6,18 +6,14 @@ the mean term weights over the images of each file (VDR paper Fig. 7)."""
 import sys
 
 from ...errors import InputError
+from ...options import split_argv
 
 USAGE = ("usage: python -m mmsparse.methods.vdr curve HEAD_DIR... -o OUT.png | "
          "clouds LABEL=SPARSE_IMAGES.h5... -o OUT.png [--top N]")
 args = sys.argv[1:]
 if not args or args[0] not in ("curve", "clouds"):
     sys.exit(USAGE)
-opts, rest, it = {}, [], iter(args[1:])
-for x in it:   # "-o OUT" and "--top N" take the next argument; the rest are positional
-    if x in ("-o", "--top"):
-        opts[x] = next(it, None)
-    else:
-        rest.append(x)
+opts, rest = split_argv(args[1:], ("-o", "--top"))   # each of those flags takes the next argument
 out = opts.get("-o")
 if not out or not rest:
     sys.exit(USAGE)

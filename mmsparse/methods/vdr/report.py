@@ -12,8 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...errors import InputError
-from ..headdir import read_training
+from ..headdir import validated_epochs
 
 
 def curve_figure(heads: Sequence[str | Path], out: str | Path, metric: str = "R@10") -> None:
@@ -31,10 +30,7 @@ def curve_figure(heads: Sequence[str | Path], out: str | Path, metric: str = "R@
     fig, (ax, axl) = plt.subplots(2, 1, figsize=(6.0, 6.0), sharex=True, height_ratios=(3, 1.3))
     before = None
     for i, h in enumerate(heads):
-        t = read_training(h)
-        rows = [e for e in t.get("history", []) if isinstance(e.get("val"), dict)]
-        if not rows:
-            raise InputError(f"{h}: the head holds no validated epochs; train it with --val-images/--val-captions")
+        t, rows = validated_epochs(h)
         ep = [e["epoch"] for e in rows]
         color, name = f"C{i}", Path(h).name
         dense = t.get("method") == "dense"
