@@ -303,14 +303,11 @@ class D2S(Method):
         if self.budget is None:
             return super().end_epoch(head, train, val, record)
         self.set_floor(head, train)
-        if val is not None:
-            record["val"] = self.validate(head, val)
-            flops = record["val"]["FLOPs"]
-        else:
+        super().end_epoch(head, train, val, record)
+        if val is None:
             record["train_sample"] = self.sample_figures(head, train)
-            flops = record["train_sample"]["FLOPs"]
         if self.eligible(record):
-            self.budget.update(flops, record["epoch"])
+            self.budget.update((record.get("val") or record["train_sample"])["FLOPs"], record["epoch"])
 
     def val_flops_limit(self) -> float | None:
         """--max-val-flops, or with --target-flops F the smaller of it and F·(1 + 15 %)."""

@@ -24,7 +24,7 @@ from ...metrics.exhaustive import dense_retrieval_metrics
 from ...vocab import document_frequency, indicator, load_vocab, restrict_to_frequent
 from ..d2s.expansion import ExpansionControl
 from ..d2s.head import top_k_rows
-from ..d2s.loss import drop_coordinates, eta_at
+from ..d2s.loss import drop_coordinates
 from ...trainer import warmup_steps
 from ..d2s.method import D2S, evaluate_head, image_words
 from ..pairs import PairData, check_inputs, load_pairs, sample_rows, training_record
@@ -300,7 +300,7 @@ class Joint(D2S):
         raw = z_cap
         if m is not None:
             z_cap = z_cap * m.to(z_cap.device)
-        ramp = eta_at(step, 1.0, self.l1_warm) * (self.budget.scale if self.budget is not None else 1.0)
+        ramp = self.eta_at(step, 1.0)   # the warm-up ramp times the budget's multiplier (D2S.eta_at)
         eta_i = cfg.eta if cfg.eta_image is None else cfg.eta_image
         loss, parts = joint_loss(h_cap, h_img, z_cap, z_img, pos, head.tau, cfg, cfg.eta * ramp, eta_i * ramp,
                                  z_cap_l1=raw if cfg.l1_caption == "raw" else None,
