@@ -74,17 +74,20 @@ def make_optimizer(groups: list[dict], lr: float, weight_decay: float) -> torch.
         return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
 
 
-def pick_epoch(history: list[dict], method, select_metric: str, max_val_flops: float | None) -> int:
+def pick_epoch(history: list[dict], method, select_metric: str, max_val_flops: float | None,
+               min_val_flops: float | None = None) -> int:
     """Index of the epoch to save: the best validation `select_metric` (later epoch on ties) among
     eligible epochs (method.eligible, e.g. after the L1 warm-up) whose validation FLOPs are <=
-    `max_val_flops`; if none is under the cap, the lowest-FLOPs eligible epoch; without
+    `max_val_flops` and, where any is, >= `min_val_flops` (a budget's band: a head at F, not one
+    sparser by chance); if none is under the cap, the lowest-FLOPs eligible epoch; without
     validation, the last epoch."""
     if not history or not history[-1].get("val"):
         return len(history) - 1
     cand = [i for i, h in enumerate(history) if method.eligible(h)] or list(range(len(history)))
     ok = [i for i in cand if max_val_flops is None or history[i]["val"]["FLOPs"] <= max_val_flops]
-    if ok:
-        return max(ok, key=lambda i: (history[i]["val"][select_metric], i))
+    band = [i for i in ok if min_val_flops is None or history[i]["val"]["FLOPs"] >= min_val_flops]
+    if band or ok:
+        return max(band or ok, key=lambda i: (history[i]["val"][select_metric], i))
     return min(cand, key=lambda i: history[i]["val"]["FLOPs"])
 
 
@@ -118,10 +121,12 @@ def fit(method, head, train, val=None, *, ckpt_dir: str | Path | None = None, de
     st = load_checkpoint(ckpt, fp, head, opt, sched, gen)
     if st is not None:
         method.load_state_dict(st["method"])
+        method.resumed(head)
         history, best_state, start = st["history"], st["best_state"], st["epoch"]
     else:
         method.prepare(head, train)
     step = start * spe
+    band = (method.val_flops_limit(), method.val_flops_floor())   # the saved epoch's FLOPs: at most, at least
     with rep.task(f"epoch {start + 1}/{cfg.epochs}", total=total) as bar:
         bar.update(completed=step)
         for epoch in range(start, cfg.epochs):
@@ -152,7 +157,7 @@ def fit(method, head, train, val=None, *, ckpt_dir: str | Path | None = None, de
                    **method.epoch_figures(), **{k: x / max(n, 1) for k, x in sums.items()}}
             method.end_epoch(head, train, val, rec)   # validation (rec["val"]), and what the method adapts
             history.append(rec)
-            if pick_epoch(history, method, cfg.select_metric, method.val_flops_limit()) == len(history) - 1:
+            if pick_epoch(history, method, cfg.select_metric, *band) == len(history) - 1:
                 best_state = {k: t.detach().clone() for k, t in head.state_dict().items()}
             rep.log(method.epoch_line(rec))
             if ckpt is not None:
@@ -162,7 +167,7 @@ def fit(method, head, train, val=None, *, ckpt_dir: str | Path | None = None, de
                       "best_state": best_state}
                 with atomic_path(ckpt) as tmp:
                     torch.save(st, tmp)
-    best = pick_epoch(history, method, cfg.select_metric, method.val_flops_limit())
+    best = pick_epoch(history, method, cfg.select_metric, *band)
     return TrainResult(best + 1, history, copy.deepcopy(best_state) if best_state else head.state_dict(), True,
                        precision)
 

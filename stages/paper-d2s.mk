@@ -26,7 +26,7 @@ VOCAB_MIN_DF ?= 0
 D2S_FLAGS    ?=
 HEADS        := $(foreach e,$(ETAS),d2s-eta$(e))
 $(foreach e,$(ETAS),$(eval HEAD_FLAGS_d2s-eta$(e) = --epochs $$(EPOCHS) --batch-size $$(BATCH_SIZE) --eta $(e) \
-  --expansion caption --temperature $$(TAU) --vocab-min-df $$(VOCAB_MIN_DF) $$(D2S_FLAGS)))
+  --expansion caption --temperature $$(TAU) --vocab-min-df $$(VOCAB_MIN_DF) --preset paper $$(D2S_FLAGS)))
 
 # each D2S head is compared with dense (one t-test per head: the Bonferroni factor)
 DENSE_COMPARISONS ?= $(words $(ETAS))

@@ -33,7 +33,7 @@ define PAPER_JOINT_RULES
 $(WORK)/heads/$(1)/config.json: $(JOINT_INPUTS)
 	$$(MMSPARSE) train-head --method joint $(JOINT_STATES)/train-images.h5 $(JOINT_STATES)/train-captions.h5 \
 	  --val-images $(JOINT_STATES)/val-images.h5 --val-captions $(JOINT_STATES)/val-captions.h5 \
-	  -o $$(@D) $$(JOINT_FLAGS) $$(JOINT_VARIANT_$(1)) $$(TRAIN_FLAGS)
+	  -o $$(@D) --preset paper $$(JOINT_FLAGS) $$(JOINT_VARIANT_$(1)) $$(TRAIN_FLAGS)
 
 # sparsify recomputes the dense vectors through the head's tuned final layers and projections (--dense-out
 # keeps them); index, search and eval of the sparse files are the pattern rules of stages/*.mk

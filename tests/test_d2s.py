@@ -244,14 +244,27 @@ def test_indicator_cols_is_a_column_subset():
 
 # -- paper-faithful defaults (issue 15) ----------------------------------------------------------
 
-def test_defaults_are_the_papers_settings():
+def test_preset_paper_gives_the_papers_settings():
+    """--preset paper: D2S §5.1, Table 1, Algorithm 1 and the authors' code wherever the defaults (the
+    settings validation chose) differ; flags given beside it win; an unknown preset is refused."""
+    from mmsparse.api.training import resolve_config
+    from mmsparse.errors import InputError
+    from mmsparse.methods.base import make_config, preset_values
     from mmsparse.methods.d2s.config import D2SConfig
 
-    c = D2SConfig()
-    assert (c.epochs, c.batch_size, c.temperature, c.eta, c.lam) == (200, 512, 1e-3, 1e-3, 0.5)       # §5.1, Table 1
+    c = make_config(D2SConfig, {**preset_values(D2SConfig, "paper"), **resolve_config(None, {"eta": 1e-5})})
+    assert (c.epochs, c.batch_size, c.temperature, c.eta, c.lam) == (200, 512, 1e-3, 1e-5, 0.5)       # §5.1, Table 1
     assert (c.lr, c.vocab_lr, c.weight_decay, c.lr_warmup, c.l1_warmup) == (1e-3, 5e-5, 0.0, 0.2, 0.2)  # authors' code
     assert (c.vocab_min_df, c.l1_caption, c.expansion, c.pec_end) == (0, "masked", "caption-word", 0.95)
-    assert (c.sparsity_loss, c.center) == ("l1", "none")
+    assert (c.sparsity_loss, c.center, c.mask_caption_terms) == ("l1", "none", True)
+    assert (c.doc_top_k, c.query_top_k, c.caption_terms_weight, c.doc_words_weight, c.image_dropout,
+            c.doc_max_share) == (0, 0, 0.0, 0.0, 0.0, 1.0)                                            # no gate, no extra
+    d = D2SConfig()                                                                                   # the defaults
+    assert (d.epochs, d.eta, d.sparsity_loss, d.doc_top_k, d.query_top_k, d.vocab_min_df) == (30, 0.05, "flops", 128,
+                                                                                              64, 1)
+    assert preset_values(D2SConfig, "default") == {}
+    with pytest.raises(InputError, match="--preset 'fast'"):
+        preset_values(D2SConfig, "fast")
 
 
 def test_optimiser_groups_and_schedule_endpoints():
@@ -263,7 +276,7 @@ def test_optimiser_groups_and_schedule_endpoints():
     from mmsparse.trainer import lr_factor, make_optimizer, warmup_steps
 
     head = _head()
-    cfg = D2SConfig()
+    cfg = D2SConfig(**D2SConfig.PAPER)
     opt = make_optimizer(D2S(cfg).param_groups(head), cfg.lr, cfg.weight_decay)
     groups = {id(p): g for g in opt.param_groups for p in g["params"]}
     assert {groups[id(p)]["lr"] for p in head.w1.parameters()} == {1e-3}
@@ -292,7 +305,8 @@ def _method(data_dir, **opts):
     from mmsparse.methods.base import TrainInputs, make_config
     from mmsparse.methods.d2s.method import D2S
 
-    m = D2S(make_config(D2S.config_class, {"epochs": 2, "batch_size": 40, "vocab_min_df": 1, **opts}))
+    m = D2S(make_config(D2S.config_class, {**D2S.config_class.PAPER, "epochs": 2, "batch_size": 40, "vocab_min_df": 1,
+                                           **opts}))
     head, train, val = m.setup(TrainInputs(data_dir / "train-images.h5", data_dir / "train-captions.h5",
                                            data_dir / "val-images.h5", data_dir / "val-captions.h5"))
     return m, head, train, val

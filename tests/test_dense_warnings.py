@@ -22,7 +22,8 @@ def heads(method_data, tmp_path_factory):
     root = tmp_path_factory.mktemp("dense-heads")
     common = ["train-head", method_data / "train-images.h5", method_data / "train-captions.h5",
               "--val-images", method_data / "val-images.h5", "--val-captions", method_data / "val-captions.h5",
-              "--batch-size", "32", "--vocab-min-df", "0", "--lr-warmup", "0", "--l1-warmup", "0", "--seed", "1"]
+              "--batch-size", "32", "--vocab-min-df", "0", "--lr-warmup", "0", "--l1-warmup", "0", "--seed", "1",
+              "--preset", "paper"]
     assert mmsparse_main(*common, "-o", root / "dense", "--epochs", "1", "--eta", "0") == 0
     assert mmsparse_main(*common, "-o", root / "sparse", "--epochs", "1", "--eta", "0", "--init-bias", "-3",
                          "--doc-top-k", "2", "--query-top-k", "2") == 0
@@ -37,7 +38,8 @@ def _warnings(err: str) -> list[str]:
 def test_train_head_warns_when_it_saves_a_near_dense_head(method_data, tmp_path, run_cli):
     args = ["train-head", method_data / "train-images.h5", method_data / "train-captions.h5", "--val-images",
             method_data / "val-images.h5", "--val-captions", method_data / "val-captions.h5", "--batch-size", "32",
-            "--vocab-min-df", "0", "--lr-warmup", "0", "--l1-warmup", "0", "--epochs", "1", "--eta", "0"]
+            "--vocab-min-df", "0", "--lr-warmup", "0", "--l1-warmup", "0", "--epochs", "1", "--eta", "0",
+            "--preset", "paper"]
     code, _, err = run_cli(*args, "-o", tmp_path / "h")
     (line,) = _warnings(err)
     assert code == 0 and "the saved head is near dense: validation images hold" in line
@@ -50,7 +52,8 @@ def test_train_head_without_validation_warns_from_a_sample_of_the_training_image
     """No validation files: the density is measured on a sample of the training pairs after the last
     epoch (what sparsify will write), and a near-dense head is named as with validation files."""
     args = ["train-head", method_data / "train-images.h5", method_data / "train-captions.h5", "--batch-size", "32",
-            "--vocab-min-df", "0", "--lr-warmup", "0", "--l1-warmup", "0", "--epochs", "1", "--eta", "0"]
+            "--vocab-min-df", "0", "--lr-warmup", "0", "--l1-warmup", "0", "--epochs", "1", "--eta", "0",
+            "--preset", "paper"]
     code, _, err = run_cli(*args, "-o", tmp_path / "h")
     (line,) = _warnings(err)
     assert code == 0 and "the saved head is near dense: a sample of 40 training images hold" in line

@@ -1,44 +1,127 @@
-"""train-head --target-flops F (mmsparse.methods.budget): the sparsity weights' multiplier follows the
-measured FLOPs, resumes exactly, bounds the saved epoch, and moves a real training run's FLOPs to F."""
+"""train-head --target-flops F (mmsparse.methods.budget): the gates and the sparsity weights' multiplier
+follow the FLOPs of the vectors sparsify writes, each step bounded in what it may cost, the saved epoch
+keeps the budget from the defaults and from the paper's settings, with and without validation files,
+resumes exactly, and a collapsed head is never saved silently."""
 
 from __future__ import annotations
 
 import json
-import math
+import logging
 
 import numpy as np
 import pytest
 import torch
 
+from mmsparse.methods import budget as B
 from mmsparse.methods.budget import FlopsBudget
 
 
-def test_budget_multiplier_moves_against_the_error_and_settles():
+def test_multiplier_moves_against_the_error_holds_while_the_gates_move_and_resumes():
     b = FlopsBudget(6.0)
     assert b.scale == 1.0 and b.limit == pytest.approx(6.9)
-    assert b.update(24.0) == pytest.approx(2.0)          # too many FLOPs: x2 (the largest step)
-    assert b.update(24.0) == pytest.approx(4.0)          # still, flat: x2 again
-    s = b.update(3.0)                                    # crossed below (and falling): back, by a halved step
-    assert s < 4.0 and s == pytest.approx(4.0 / math.sqrt(2))
-    s2 = b.update(6.0)                                   # on the budget but rising: hold almost still
-    assert abs(math.log(s2 / s)) < 0.5 * math.log(2)
-    before = b.scale
-    b2 = FlopsBudget(6.0)
-    b2.load_state_dict(json.loads(json.dumps(b.state_dict())))    # a resumed run continues exactly
-    assert b2.update(8.0) == pytest.approx(b.update(8.0)) and b2.trace == b.trace and b.scale != before
+    assert b.update(24.0) == pytest.approx(2.0)                    # too many FLOPs: x2 (the largest step)
+    assert b.update(24.0, moved=True) == pytest.approx(2.0)        # the gates moved this epoch: m holds
+    assert b.update(24.0) == pytest.approx(4.0)
+    assert b.update(3.0) < 4.0                                     # crossed below: back down
+    c = FlopsBudget(6.0)
+    c.gates = {"text": 32, "image": 64}
+    c.load_state_dict(json.loads(json.dumps(b.state_dict())))    # a resumed run continues exactly
+    assert c.update(8.0, metric=0.2) == pytest.approx(b.update(8.0, metric=0.2)) and c.trace == b.trace
     assert FlopsBudget(1.0).update(0.25) == pytest.approx(0.5)    # too few FLOPs: lower the weights
-    low = FlopsBudget(1.0)
-    for _ in range(200):
-        low.update(1e9)
-    assert low.scale == pytest.approx(1e4)                       # bounded
-    assert [t["epoch"] for t in b.trace] == [None] * len(b.trace)
-    with pytest.raises(ValueError):
-        FlopsBudget(0.0)
 
 
-def _train(data, target, epochs=15, fit_args=None, **extra):
-    """A D2S head on the synthetic pairs of tests/test_d2s.py (seeded), through mmsparse.trainer.fit."""
-    from mmsparse.methods.base import make_config
+def test_multiplier_never_rises_after_the_metric_fell():
+    """The paper-preset collapse of issue 49: m doubling every epoch while validation R@1 fell to 0.3.
+    After an epoch whose metric fell by more than MAX_DROP, m does not rise, whatever the FLOPs say."""
+    b = FlopsBudget(4.0)
+    b.update(1600.0, metric=0.19)
+    rose = b.update(1500.0, metric=0.185)                          # small loss: m may rise
+    assert rose > 2.0
+    held = b.update(1400.0, metric=0.10)                           # the head paid for it: no further rise
+    assert held == pytest.approx(rose)
+    for _ in range(100):
+        b.update(1e9)
+    assert b.scale == pytest.approx(1e4)                          # bounded
+
+
+def _probe_head(v=120, d=16, seed=0):
+    """A D2S head with random weights over v terms (W2 biased so each row holds ~v/3 positive weights),
+    the posting floor set on 60 random images, and validation pairs of 40 images x 2 captions."""
+    from mmsparse.methods.d2s.head import D2SHead
+    from mmsparse.methods.pairs import PairData
+    from mmsparse.vocab import Vocab
+
+    g = torch.Generator().manual_seed(seed)
+    voc = Vocab([f"t{i}" for i in range(v)], torch.randn(v, 8, generator=g), None, "random")
+    torch.manual_seed(seed)
+    head = D2SHead.from_vocab(d, voc, {}, init_bias=-0.3, doc_top_k=24, query_top_k=12, doc_max_share=0.3)
+    head.prune_postings(torch.randn(60, d, generator=g), 0.3)
+    zi = torch.nn.functional.normalize(torch.randn(40, d, generator=g), dim=1)
+    cap_img = torch.arange(40).repeat_interleave(2)
+    zc = torch.nn.functional.normalize(zi[cap_img] + 0.4 * torch.randn(80, d, generator=g), dim=1)
+    val = PairData(zi, zc, cap_img, [f"i{i}" for i in range(40)], [f"c{i}" for i in range(80)], [""] * 80, {}, {})
+    return head, val
+
+
+def test_gate_probe_is_what_sparsify_writes_at_any_gate():
+    """The probe re-gates the validation vectors without the head: at every gate pair its FLOPs and
+    figures equal those of the head's own vectors with those gates set (sparsify's encode_csr: top-k,
+    then the posting floor), the floor included."""
+    from mmsparse.methods.d2s.config import D2SConfig
+    from mmsparse.methods.d2s.method import D2S, evaluate_head
+    from mmsparse.metrics.efficiency import flops
+
+    head, val = _probe_head()
+    m = D2S(D2SConfig(target_flops=3.0))
+    m.budget.gates = m.head_gates(head)
+    probe = m.gate_probe(head, val)
+    assert probe.sides == ("text", "image") and probe.q_cols.shape[1] == 24 and probe.d_cols.shape[1] == 48
+    floors = 0
+    for gates in ({"text": 12, "image": 24}, {"text": 6, "image": 48}, {"text": 24, "image": 11}):
+        D2S.set_gates(head, gates)
+        want = evaluate_head(head, val)
+        got = probe.figures(gates)
+        for k in ("R@1", "R@10", "FLOPs", "q_nnz", "d_nnz"):
+            assert got[k] == pytest.approx(want[k], rel=1e-6), (gates, k)
+        assert probe.flops(gates) == pytest.approx(flops(probe.matrix("text", gates["text"]),
+                                                         probe.matrix("image", gates["image"])))
+        floors += int((probe.matrix("image", gates["image"]).getnnz(1) < gates["image"]).sum())
+    assert floors > 0   # the floor cut some images below their gate: it is inside the measurement
+
+
+def test_plan_reaches_the_goal_with_the_best_pair_and_bounds_the_step(monkeypatch):
+    """plan: the new gates' FLOPs reach the goal (at most RATIO x nearer F than now), the pair taken is
+    the best of those measured, and with no loss allowed (MAX_DROP 0) a step that costs the metric is
+    not taken."""
+    from mmsparse.methods.d2s.config import D2SConfig
+    from mmsparse.methods.d2s.method import D2S
+
+    head, val = _probe_head()
+    m = D2S(D2SConfig(target_flops=0.5))
+    m.budget.gates = m.head_gates(head)
+    probe = m.gate_probe(head, val)
+    now = probe.figures(m.budget.gates)
+    goal = max(0.5, now["FLOPs"] / B.RATIO)
+    monkeypatch.setattr(B, "MAX_DROP", 1.0)
+    gates = FlopsBudget(0.5)
+    gates.gates = dict(m.budget.gates)
+    new = gates.plan(probe, now)
+    assert new != m.budget.gates and probe.flops(new) <= goal * (1 + B.TOLERANCE / 3)
+    assert probe.flops(new) >= goal / 3          # a step toward F, not a jump to the smallest gates
+    monkeypatch.setattr(B, "MAX_DROP", 0.0)
+    strict = FlopsBudget(0.5)
+    strict.gates = dict(m.budget.gates)
+    kept = strict.plan(probe, now)
+    assert kept == m.budget.gates or probe.figures(kept)["R@1"] >= now["R@1"]
+    inside = FlopsBudget(now["FLOPs"])                # inside the band nothing moves
+    inside.gates = dict(m.budget.gates)
+    assert inside.plan(probe, now) == m.budget.gates
+
+
+def _train(data, target, epochs=15, fit_args=None, preset="default", **extra):
+    """A D2S head on the synthetic pairs of tests/test_d2s.py (seeded), through mmsparse.trainer.fit;
+    the preset's values, then a small-data schedule, then `extra`."""
+    from mmsparse.methods.base import make_config, preset_values
     from mmsparse.methods.d2s.config import D2SConfig
     from mmsparse.methods.d2s.expansion import ExpansionControl
     from mmsparse.methods.d2s.head import D2SHead
@@ -47,16 +130,17 @@ def _train(data, target, epochs=15, fit_args=None, **extra):
     from mmsparse.vocab import Vocab, document_frequency
 
     train, val, vocab, tok = data
-    cfg = make_config(D2SConfig, dict(epochs=epochs, batch_size=20, eta=0.02, sparsity_loss="flops",
-                                      expansion="full", l1_warmup=0, lr_warmup=0, lr=3e-2, vocab_lr=3e-2,
-                                      lr_schedule="constant", target_flops=target, **extra))
+    small = dict(epochs=epochs, batch_size=20, expansion="full", l1_warmup=0, lr_warmup=0, lr=3e-2, vocab_lr=3e-2,
+                 lr_schedule="constant", target_flops=target, doc_words_weight=0.0)
+    cfg = make_config(D2SConfig, {**preset_values(D2SConfig, preset), **small, **extra})
     m = D2S(cfg)
     m.pec = ExpansionControl(cfg.expansion, document_frequency(tok, len(vocab)), cfg.epochs)
     m.l1_warm = 0
     voc = Vocab(vocab, torch.randn(len(vocab), 8, generator=torch.Generator().manual_seed(3)), None, "random")
     torch.manual_seed(0)
-    head = D2SHead.from_vocab(16, voc, {})
-    return m, fit(m, head, train, val, **(fit_args or {}))
+    head = D2SHead.from_vocab(16, voc, {}, doc_top_k=cfg.doc_top_k, query_top_k=cfg.query_top_k,
+                              doc_max_share=cfg.doc_max_share)
+    return m, head, fit(m, head, train, val, **(fit_args or {}))
 
 
 @pytest.fixture(scope="module")
@@ -68,94 +152,152 @@ def synthetic():
     return train, val, vocab, tok
 
 
-def test_target_flops_moves_validation_flops_to_the_budget(synthetic):
-    """Without a budget the head sits near F0; with F0 / 3 the controller raises η until validation
-    FLOPs come down to it, and the saved epoch keeps them within F·(1 ± 15 %)."""
+@pytest.mark.parametrize("preset", ["default", "paper"])
+def test_target_flops_lands_from_the_defaults_and_the_paper_preset(synthetic, preset):
+    """From either preset (the paper's: no gates, L1 η) a budget an eighth of where the head starts is
+    reached through the gates within ±15 %, the saved epoch keeps the limit and at least half the run's
+    best validation R@1 (not collapsed), and its gates are what the head is saved with."""
     torch.set_num_threads(1)
-    _, free = _train(synthetic, None)
-    f0 = free.history[-1]["val"]["FLOPs"]
-    target = f0 / 3
-    m, res = _train(synthetic, target)
-    saved = res.history[res.best_epoch - 1]
-    assert [h["eta_scale"] for h in res.history][0] == 1.0 and max(h["eta_scale"] for h in res.history) > 2
-    assert saved["val"]["FLOPs"] <= target * 1.15 and saved["val"]["FLOPs"] >= target / 1.15
-    assert m.budget.trace[-1]["epoch"] == len(res.history)
+    m, head, res = _train(synthetic, None, epochs=3, preset=preset, eta=0.02)
+    f0 = res.history[-1]["val"]["FLOPs"]
+    target = f0 / 8
+    m, head, res = _train(synthetic, target, preset=preset, eta=0.02)
+    i = res.best_epoch - 1
+    saved = res.history[i]
+    assert target / 1.15 <= saved["val"]["FLOPs"] <= target * 1.15
+    assert B.collapsed(res.history, i, "R@1") is None
+    assert all(0 < k for k in saved["gates"].values())          # the budget gated both sides
+    head.load_state_dict(res.state)
+    m.load_epoch(head, saved)
+    assert {"text": head.top_k("text"), "image": head.top_k("image")} == saved["gates"]
+    assert [t["epoch"] for t in m.budget.trace] == [h["epoch"] for h in res.history]
 
 
 def test_budget_resumes_exactly(synthetic, tmp_path):
-    """A run killed after epoch 6 and rerun continues the budget where it was: the same multipliers,
-    the same saved epoch and weights as an uninterrupted run."""
+    """A run killed after epoch 6 and rerun continues the budget where it was: the same multipliers and
+    gates, the same saved epoch and weights as an uninterrupted run."""
     torch.set_num_threads(1)
     target = 5.0
-    _, whole = _train(synthetic, target, epochs=10, fit_args={"ckpt_dir": tmp_path / "a"})
-    _, part = _train(synthetic, target, epochs=10, fit_args={"ckpt_dir": tmp_path / "b", "stop_after_epoch": 6})
+    _, _, whole = _train(synthetic, target, epochs=10, fit_args={"ckpt_dir": tmp_path / "a"})
+    _, _, part = _train(synthetic, target, epochs=10, fit_args={"ckpt_dir": tmp_path / "b", "stop_after_epoch": 6})
     assert not part.finished and len(part.history) == 6
-    _, rest = _train(synthetic, target, epochs=10, fit_args={"ckpt_dir": tmp_path / "b"})
-    assert [h["eta_scale"] for h in rest.history] == [h["eta_scale"] for h in whole.history]
+    _, _, rest = _train(synthetic, target, epochs=10, fit_args={"ckpt_dir": tmp_path / "b"})
+    assert [(h["eta_scale"], h["gates"]) for h in rest.history] == [(h["eta_scale"], h["gates"]) for h in whole.history]
+    assert len({json.dumps(h["gates"]) for h in whole.history}) > 1          # the gates did move
     assert rest.best_epoch == whole.best_epoch
     for k in whole.state:
         torch.testing.assert_close(rest.state[k], whole.state[k])
 
 
-def test_frontier_table_and_picture(tmp_path):
-    """python -m mmsparse.metrics.frontier: a row per head with its budget, where validation FLOPs
-    landed, R@k ± standard error and the share of dense; points; the paired t-tests; the PNG."""
+def test_collapse_is_reported(tmp_path, capsys):
+    """A saved epoch under half the run's best validation metric, or whose validation queries often share
+    no term with any image, gets a warning naming both figures."""
+    from mmsparse.api.training import _warn_if_collapsed
+
+    hist = [{"epoch": 1, "val": {"R@1": 0.19, "q_empty": 0.0}}, {"epoch": 2, "val": {"R@1": 0.05, "q_empty": 0.04}}]
+    _warn_if_collapsed(tmp_path / "h", hist, 1, "R@1")
+    err = capsys.readouterr().err
+    assert "collapsed" in err and "0.0500" in err and "0.1900 at epoch 1" in err and "4.0% of the validation" in err
+    _warn_if_collapsed(tmp_path / "h", hist, 0, "R@1")
+    assert capsys.readouterr().err == ""
+
+
+@pytest.fixture(scope="module")
+def pair_files(tmp_path_factory, dual_encoder_dir):
+    """150 training images (2 captions each, real tokenizer) in dense files, no validation files."""
+    from conftest import write_dense_pair
+
+    root = tmp_path_factory.mktemp("budget-pairs")
+    write_dense_pair(root, dual_encoder_dir, 150)
+    return root
+
+
+@pytest.mark.parametrize("method", ["d2s", "inference-free"])
+def test_budget_without_validation_files_holds_out_and_reports(pair_files, tmp_path, caplog, method):
+    """No validation files: a sixth of the training images is held out, the saved epoch is chosen on them
+    within the budget's limit, the report line is printed and the head's config says where the figures
+    came from; the inference-free head is gated on the image side only."""
+    import mmsparse
+    from mmsparse.progress import LogReporter
+
+    torch.set_num_threads(1)
+    out = tmp_path / "head"
+    with caplog.at_level(logging.INFO, logger="mmsparse"):
+        mmsparse.train_head(pair_files / "train-images.h5", pair_files / "train-captions.h5", out=out,
+                            method=method, epochs=8, batch_size=64, l1_warmup=0, target_flops=1.5,
+                            progress=LogReporter())
+    tr = json.loads((out / "config.json").read_text())["training"]
+    assert tr["holdout"] == {"images": 25, "source": "images held out of training"}
+    assert len(tr["val"]) and tr["val"]["FLOPs"] <= 1.5 * 1.15
+    assert tr["history"][tr["best_epoch"] - 1]["val"] == tr["val"]
+    assert set(tr["flops_budget"]["gates"]) == ({"text", "image"} if method == "d2s" else {"image"})
+    log = caplog.text
+    assert "the budget reads images held out of training (25 images)" in log
+    assert "--target-flops 1.5: images held out of training (25 images) FLOPs" in log
+
+
+def test_frontier_aggregates_seeds_decides_on_validation_and_compares_over_seeds(tmp_path, dual_encoder_dir):
+    """python -m mmsparse.metrics.frontier on heads' config.json (their validation figures) and real
+    `mmsparse eval` outputs of TREC runs: per method and budget the mean and standard deviation over
+    seeds, the budget chosen from validation figures even where test says otherwise, Welch's t-test
+    over seeds, the PNG; a head without validation figures is refused in one line."""
+    from scipy.stats import ttest_ind
+
+    import mmsparse
+    from conftest import write_dense_pair
     from mmsparse.errors import InputError
-    from mmsparse.metrics.frontier import main
+    from mmsparse.formats.trec import write_qrels, write_run
+    from mmsparse.metrics.frontier import dense_val, main
 
-    def write(path, obj):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(obj))
+    write_dense_pair(tmp_path, dual_encoder_dir, 30, split="val")
+    qrels = {f"q{i}": {f"d{i % 10}": 1} for i in range(40)}
+    write_qrels(tmp_path / "test.qrels", qrels)
+    rng = np.random.default_rng(0)
 
-    write(tmp_path / "dense.json", {"R@1": 0.2, "R@10": 0.6, "queries": 5000})
-    for name, budget, val, r1 in (("a2", 2.0, 2.2, 0.15), ("a6", 6.0, 5.7, 0.19), ("b6", 6.0, 6.4, 0.18)):
-        write(tmp_path / "heads" / name / "config.json", {"training": {"flops_budget": {"target": budget},
-                                                                       "val": {"FLOPs": val}, "precision": "bf16"}})
-        write(tmp_path / f"{name}.json", {"R@1": r1, "R@10": 0.55, "FLOPs": val * 0.98, "queries": 5000,
-                                          "doc_Exact@10": 0.41})
-    write(tmp_path / "pair.json", {"R@1": 0.18, "R@10": 0.55, "queries": 5000, "n_comparisons": 1,
-                                   "compare": {"runs/a6.trec": {"R@1": 0.19, "R@10": 0.56, "p_R@1": 0.01,
-                                                                "p_R@10": 0.2}}})
-    rows = [f"--row={m}={tmp_path / 'heads' / h}={tmp_path / h}.json" for m, h in (("A", "a2"), ("A", "a6"),
-                                                                                   ("B", "b6"))]
+    def head(name, method_budget, seed, val_r1, val_r10, hit):
+        """A head directory and the eval JSON of a run that ranks the gold image first for a `hit`
+        share of the queries."""
+        d = tmp_path / "heads" / name
+        d.mkdir(parents=True)
+        d.joinpath("config.json").write_text(json.dumps({"training": {
+            "flops_budget": {"target": method_budget}, "config": {"seed": seed}, "best_epoch": 3,
+            "val": {"R@1": val_r1, "R@10": val_r10, "FLOPs": method_budget * 1.02}}}))
+        run = {}
+        for i, q in enumerate(qrels):
+            gold = i % 10
+            top = gold if rng.random() < hit else (gold + 1) % 10
+            run[q] = {f"d{j}": (2.0 if j == top else rng.random()) for j in range(10)}
+        write_run(tmp_path / f"{name}.trec", run)
+        mmsparse.evaluate(tmp_path / f"{name}.trec", tmp_path / "test.qrels", out=tmp_path / f"{name}.json")
+        return f"{d}={tmp_path / name}.json"
+
+    dense_v = dense_val(tmp_path / "val-images.h5", tmp_path / "val-captions.h5")
+    rows = []
+    for s in (1, 2, 3):   # budget 2 fails the rule on validation (though it wins on test), budget 4 keeps it
+        rows.append("D2S=" + head(f"d2-{s}", 2.0, s, 0.5 * dense_v["R@1"], dense_v["R@10"], 0.9))
+        rows.append("D2S=" + head(f"d4-{s}", 4.0, s, dense_v["R@1"], dense_v["R@10"], 0.5))
+        rows.append("joint=" + head(f"j4-{s}", 4.0, s, dense_v["R@1"], dense_v["R@10"], 0.2))
+    write_run(tmp_path / "dense.trec", {q: {f"d{i % 10}": 1.0} for i, q in enumerate(qrels)})
+    mmsparse.evaluate(tmp_path / "dense.trec", tmp_path / "test.qrels", out=tmp_path / "dense.json")
     out = tmp_path / "frontier" / "table.md"
-    assert main(["--dense", str(tmp_path / "dense.json"), *rows, "--point", f"VDR (k=48)={tmp_path / 'a2.json'}",
-                 "--paired", f"B vs A={tmp_path / 'pair.json'}", "-o", str(out), "--plot",
-                 str(tmp_path / "frontier" / "f.png")]) == 0
+    args = ["--dense", str(tmp_path / "dense.json"), "--val-images", str(tmp_path / "val-images.h5"),
+            "--val-captions", str(tmp_path / "val-captions.h5"), *[f"--row={r}" for r in rows],
+            "--versus", "joint=D2S", "-o", str(out), "--plot", str(tmp_path / "frontier" / "f.png")]
+    assert main(args) == 0
+    got = json.loads(out.with_suffix(".json").read_text())
+    assert got["chosen"] == {"D2S": 4.0, "joint": 4.0}
+    d4 = [json.loads((tmp_path / f"d4-{s}.json").read_text())["R@1"] for s in (1, 2, 3)]
+    j4 = [json.loads((tmp_path / f"j4-{s}.json").read_text())["R@1"] for s in (1, 2, 3)]
+    pt = next(p for p in got["points"] if p["method"] == "D2S" and p["budget"] == 4.0)
+    assert pt["R@1"] == pytest.approx(np.mean(d4)) and pt["R@1_sd"] == pytest.approx(np.std(d4, ddof=1))
+    assert pt["seeds"] == [1, 2, 3] and pt["val_R@1"] == pytest.approx(dense_v["R@1"])
+    (vs,) = got["versus"]
+    assert vs["budget"] == 4.0 and vs["p_R@1"] == pytest.approx(ttest_ind(j4, d4, equal_var=False).pvalue)
     md = out.read_text()
-    assert "| A | 2 | 2.20 (1.10) | 2.16 | 15.0 ± 0.5 | 55.0 ± 0.7 | 0.750 | 0.917 | 41.0 |" in md
-    assert "| B vs A | 18.0 | 19.0 | -1.0 | 0.01 |" in md and "| VDR (k=48) |" in md and "| dense |" in md
+    assert "| D2S | 4 | 3 |" in md and "Chosen on validation" in md and "| joint vs D2S | 4 |" in md
     assert (tmp_path / "frontier" / "f.png").stat().st_size > 1000
-    assert len(json.loads(out.with_suffix(".json").read_text())["rows"]) == 3
-    with pytest.raises(InputError, match="exactly one --compare"):
-        main(["--dense", str(tmp_path / "dense.json"), "--paired", f"x={tmp_path / 'dense.json'}", "-o", str(out)])
-
-
-def test_make_frontier_trains_every_budget(tmp_path):
-    """`make -n frontier`: one head per budget with --target-flops (the main job's head stands for its own
-    budget, D2S_BUDGET), joint with D2S's options, the paired tests, and a budget added later is trained
-    although a table already exists (the rows file)."""
-    import shlex
-    import subprocess
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-
-    def dry(*args):
-        p = subprocess.run(["make", "-n", "-C", str(root / "examples" / "flickr8k"), f"WORK={tmp_path}", *args,
-                            "frontier"], capture_output=True, text=True, check=True)
-        cmds = [shlex.split(c) for c in p.stdout.replace("\\\n", " ").splitlines() if c.startswith(("mmsparse", "python"))]
-        return {c[c.index("-o") + 1].rsplit("/", 1)[1]: c for c in cmds if c[:2] == ["mmsparse", "train-head"]}, cmds
-
-    train, cmds = dry()
-    budgets = {h: c[c.index("--target-flops") + 1] for h, c in train.items()}
-    assert budgets == {"front-d2s-2": "2", "front-d2s-4": "4", "front-d2s-6": "6", "front-d2s-8": "8", "d2s": "9.4",
-                       "front-d2s-12": "12", "front-if-0.5": "0.5", "front-if-1": "1", "front-if-2": "2",
-                       "front-joint-6": "6", "front-joint-9.4": "9.4"}
-    assert "--doc-max-share" in train["front-joint-6"] and "--method" in train["front-joint-6"]
-    assert sum(c[:3] == ["mmsparse", "eval", f"{tmp_path}/runs/front-joint-6.expand.trec"] and "--compare" in c
-               for c in cmds) == 1
-    (tmp_path / "frontier").mkdir(exist_ok=True)
-    (tmp_path / "frontier" / "table.md").write_text("an older table")
-    train, _ = dry("FRONTIER_D2S=3", "FRONTIER_IF=", "FRONTIER_JOINT=")
-    assert "front-d2s-3" in train and (tmp_path / "frontier" / "rows.txt").read_text().count("D2S=") == 1
+    bad = tmp_path / "heads" / "bad"
+    bad.mkdir()
+    bad.joinpath("config.json").write_text(json.dumps({"training": {}}))
+    with pytest.raises(InputError, match="no validation figures"):
+        main([*args[:6], f"--row=D2S={bad}={tmp_path / 'dense.json'}", "-o", str(out)])

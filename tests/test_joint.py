@@ -70,7 +70,8 @@ def test_joint_loss_is_the_sum_of_its_terms():
     z_c = torch.tensor([[1.0, 0.0, 0.5], [0.0, 2.0, 0.0]])
     z_i = torch.tensor([[0.5, 0.0, 1.0], [0.0, 1.0, 0.0]])
     pos, tau = torch.tensor([0, 1]), 0.5
-    cfg = JointConfig(w1=0.5, w2=2.0, lambda_dense=1.0, lambda_sparse=0.5, lambda_inter=0.25)
+    cfg = JointConfig(**{**JointConfig.PAPER, "w1": 0.5, "w2": 2.0, "lambda_dense": 1.0, "lambda_sparse": 0.5,
+                         "lambda_inter": 0.25})
     loss, parts = joint_loss(h_c, h_i, z_c, z_i, pos, tau, cfg, eta_t=0.1, eta_i=0.2)
     sd, ss = h_c @ h_i.T / tau, z_c @ z_i.T
     assert ss.tolist() == [[1.0, 0.0], [0.0, 2.0]]
@@ -102,7 +103,7 @@ def test_gradients_reach_projections_not_features():
     pre_c, pre_i = torch.randn(3, 5), torch.randn(2, 6)          # stored backbone features
     h_c, h_i = head.project(pre_c, "text"), head.project(pre_i, "image")
     z = head(torch.cat([h_c, h_i]))
-    loss, _ = joint_loss(h_c, h_i, z[:3], z[3:], torch.tensor([0, 1, 1]), head.tau, JointConfig(), 1e-3, 1e-3)
+    loss, _ = joint_loss(h_c, h_i, z[:3], z[3:], torch.tensor([0, 1, 1]), head.tau, JointConfig(**JointConfig.PAPER), 1e-3, 1e-3)
     loss.backward()
     for p in (head.image_proj.weight, head.text_proj.weight, head.w1.weight, head.w2.weight, head.log_tau):
         assert p.grad is not None and p.grad.abs().sum() > 0
@@ -158,7 +159,7 @@ def joint_run(tmp_path_factory, dual_encoder_dir):
     r = CliRunner().invoke(app, ["train-head", "--method", "joint", str(root / "train-images.h5"),
                                  str(root / "train-captions.h5"), "--val-images", str(root / "val-images.h5"),
                                  "--val-captions", str(root / "val-captions.h5"), "-o", str(out),
-                                 "--epochs", "2", "--batch-size", "16", "--warmup-steps", "4",
+                                 "--epochs", "2", "--batch-size", "16", "--warmup-steps", "4", "--preset", "paper",
                                  "--vocab-model", str(vocab_model), "--dense-side", "pre-projection"])
     assert r.exit_code == 0, r.output + repr(r.exception)
     return root, out
@@ -191,32 +192,51 @@ def test_train_and_sparsify_dense_out(joint_run):
 
 def test_joint_takes_d2s_sparse_options_through_d2s_code(joint_run, tmp_path):
     """--method joint with D2S's gates, caption-term loss, image dropout, word loss, posting floor,
-    FLOPs regulariser and --target-flops: the losses appear in the history, the gates and the floor
-    bound what sparsify writes, the budget's multiplier is recorded."""
+    FLOPs regulariser and --target-flops: the losses appear in the history, the gates the budget saved
+    and the floor bound what sparsify writes, and the budget's multiplier reaches eq. 3's sparsity
+    terms (the loss is linear in it, on the same batch and random draws)."""
+    from mmsparse.methods.base import TrainInputs, make_config
     from mmsparse.methods.d2s.method import encode_sparse
-    from mmsparse.methods.joint.method import dense_all, load_state_pairs
+    from mmsparse.methods.joint.config import JointConfig
+    from mmsparse.methods.joint.method import Joint, dense_all, load_state_pairs
 
     root, _ = joint_run
     out = tmp_path / "joint-d2s"
+    flags = ["--epochs", "3", "--batch-size", "16", "--warmup-steps", "0", "--vocab-model", str(root / "tiny-bert"),
+             "--dense-side", "pre-projection", "--doc-top-k", "6", "--query-top-k", "5", "--caption-terms-weight", "1",
+             "--image-dropout", "0.2", "--doc-words-weight", "1", "--doc-max-share", "0.5", "--sparsity-loss", "flops",
+             "--l1-caption", "raw", "--init-bias", "0", "--target-flops", "1"]
     r = CliRunner().invoke(app, ["train-head", "--method", "joint", str(root / "train-images.h5"),
                                  str(root / "train-captions.h5"), "--val-images", str(root / "val-images.h5"),
-                                 "--val-captions", str(root / "val-captions.h5"), "-o", str(out), "--epochs", "3",
-                                 "--batch-size", "16", "--warmup-steps", "0", "--vocab-model",
-                                 str(root / "tiny-bert"), "--dense-side", "pre-projection", "--doc-top-k", "6",
-                                 "--query-top-k", "5", "--caption-terms-weight", "1", "--image-dropout", "0.2",
-                                 "--doc-words-weight", "1", "--doc-max-share", "0.5", "--sparsity-loss", "flops",
-                                 "--l1-caption", "raw", "--target-flops", "1"])
+                                 "--val-captions", str(root / "val-captions.h5"), "-o", str(out), *flags])
     assert r.exit_code == 0, r.output + repr(r.exception)
     head = load_head(out)
     tr = head.config["training"]
-    assert head.config["doc_top_k"] == 6 and head.config["query_top_k"] == 5 and head.config["doc_max_share"] == 0.5
-    assert {"caption_terms", "doc_words"} <= set(tr["history"][0]) and tr["history"][0]["eta_scale"] == 1.0
-    assert tr["flops_budget"]["target"] == 1.0 and len(tr["flops_budget"]["trace"]) == 3
+    saved = tr["history"][tr["best_epoch"] - 1]
+    assert head.config["doc_top_k"] == saved["gates"]["image"] and head.config["query_top_k"] == saved["gates"]["text"]
+    assert head.config["doc_max_share"] == 0.5 and {"caption_terms", "doc_words"} <= set(tr["history"][0])
     train = load_state_pairs(root / "train-images.h5", root / "train-captions.h5")
     docs = encode_sparse(head, dense_all(head, train, "image"), side="image")
-    assert np.diff(docs.indptr).max() <= 6 and ((docs > 0).sum(0) <= 0.5 * docs.shape[0]).all()
+    assert np.diff(docs.indptr).max() <= head.config["doc_top_k"] and ((docs > 0).sum(0) <= 0.5 * docs.shape[0]).all()
     r = CliRunner().invoke(app, ["sparsify", str(out), str(root / "test-captions.h5"), "-o", str(tmp_path / "q.h5")])
-    assert r.exit_code == 0 and np.diff(read_sparse(tmp_path / "q.h5").matrix.indptr).max() <= 5
+    assert r.exit_code == 0
+    assert np.diff(read_sparse(tmp_path / "q.h5").matrix.indptr).max() <= head.config["query_top_k"]
+
+    m = Joint(make_config(JointConfig, dict(epochs=3, batch_size=16, l1_warmup=0, vocab_model=str(root / "tiny-bert"),
+                                            dense_side="pre-projection", doc_top_k=6, query_top_k=5, init_bias=0.0,
+                                            caption_terms_weight=1.0, image_dropout=0.2, doc_words_weight=1.0,
+                                            doc_max_share=0.5, target_flops=1.0)))
+    head2, data, _ = m.setup(TrainInputs(root / "train-images.h5", root / "train-captions.h5"))
+    m.prepare(head2, data)
+    batch = next(m.batches(data, torch.Generator().manual_seed(0), 0))
+
+    def loss_at(log_scale):
+        m.budget.log_scale = log_scale
+        return float(m.loss(head2, batch, 10, torch.Generator().manual_seed(1), "cpu")[0].detach())
+
+    base = loss_at(-40.0)    # m ~ 0: no sparsity term
+    one, four = loss_at(0.0) - base, loss_at(np.log(4.0)) - base
+    assert one > 1e-6 and four == pytest.approx(4 * one, rel=0.02)   # float32 sums of a loss ~20
 
 
 def test_joint_needs_pre_projection(joint_run, tmp_path):

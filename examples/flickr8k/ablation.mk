@@ -7,12 +7,12 @@
 #
 #   ABL_MODES  expansion modes             (default: none full caption caption-word)
 #   ABL_ETAS   L1 weights η                 (default: 1e-2 1e-3 1e-4 1e-5, the paper's range)
-#   ABL_FLAGS  train-head flags of every ablation head (default: --epochs 6, every other option the
+#   ABL_FLAGS  train-head flags of every ablation head (default: --preset paper --epochs 6, every other option the
 #              paper's: the full 30,522-term vocabulary, masked L1; one head took ~19 minutes on a
 #              shared 2-core CPU, so the 16 take ~5 hours there: run it on a free or GPU machine)
 ABL_MODES ?= none full caption caption-word
 ABL_ETAS  ?= 1e-2 1e-3 1e-4 1e-5
-ABL_FLAGS ?= --epochs 6
+ABL_FLAGS ?= --preset paper --epochs 6
 ABL_HEADS := $(foreach m,$(ABL_MODES),$(foreach e,$(ABL_ETAS),abl-$(m)_$(e)))
 # abl-caption-word_1e-3 -> --expansion caption-word --eta 1e-3
 abl_eta  = $(word 2,$(subst _, ,$(1)))

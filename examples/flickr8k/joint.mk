@@ -34,8 +34,10 @@ $(JOINT_DENSE) &: $(KARPATHY_JSON)
 # not swamp s_inter (the teacher). No expansion control (the paper's main setting; PEC is its Fig. 2 left
 # variant): with PEC the first epoch's captions keep only their own, mostly inactive terms and the sparse loss
 # barely moves. ~28 s per epoch on 2 idle cores, validation included.
-JOINT_FLAGS      ?= --epochs 15 --batch-size 256 --eta 2e-3 --l1-warmup 40 --init-bias -2 --expansion full \
-                    --vocab-min-df 1 --final-lr 1e-4
+# --preset paper: the joint paper's settings (no D2S option: no gates, L1) under the flags that follow; joint's
+# defaults add D2S's sparse options to this schedule (the frontier's joint heads, frontier.mk).
+JOINT_FLAGS      ?= --preset paper --epochs 15 --batch-size 256 --eta 2e-3 --l1-warmup 40 --init-bias -2 \
+                    --expansion full --vocab-min-df 1 --final-lr 1e-4
 JOINT_GRID_FLAGS ?= --epochs 1 --l1-warmup 16
 JOINT_W1         ?= 0.1 1
 JOINT_W2         ?= 0.3 3
@@ -51,11 +53,12 @@ JOINT_GRID  = $(foreach a,$(JOINT_W1),$(foreach b,$(JOINT_W2),joint-grid-$(a)-$(
 
 # Explicit rules per head (a pattern's % cannot match the empty stem of plain "joint"); they take
 # precedence over the D2S pattern rules of stages/*.mk, whose inputs lack pre-projection states.
+# $(2): the head's flags (default: JOINT_FLAGS and its variant's)
 define JOINT_HEAD_RULES
 $(WORK)/heads/$(1)/config.json: $(JOINT_INPUTS)
 	$(MMSPARSE) train-head --method joint $(JOINT_STATES)/train-images.h5 $(JOINT_STATES)/train-captions.h5 \
 	  --val-images $(JOINT_STATES)/val-images.h5 --val-captions $(JOINT_STATES)/val-captions.h5 \
-	  -o $$(@D) $(JOINT_FLAGS) $(call joint_flags,$(1)) $(TRAIN_FLAGS)
+	  -o $$(@D) $(if $(2),$(2),$(JOINT_FLAGS) $(call joint_flags,$(1))) $(TRAIN_FLAGS)
 endef
 
 # sparsify recomputes the dense vectors from the stored final-layer inputs through the head's tuned layers;

@@ -13,7 +13,7 @@ from .. import provenance
 from ..atomic import locks_output
 from ..errors import InputError
 from ..methods import canonical, get_config_class, get_method
-from ..methods.base import TrainInputs, make_config
+from ..methods.base import TrainInputs, make_config, preset_values
 from ..methods.head import load_head
 from ..progress import reporter
 from ..runtime import default_threads
@@ -28,7 +28,8 @@ def train_head(train_images: str | Path | None = None, train_captions: str | Pat
                val_captions: str | Path | None = None, qrels: str | Path | None = None,
                val_qrels: str | Path | None = None, backbone: str | None = None,
                config: str | Path | None = None, device: str = "cpu", threads: int | None = None,
-               restart: bool = False, keep_checkpoint: bool = False, progress=None, **options) -> Path:
+               restart: bool = False, keep_checkpoint: bool = False, preset: str = "default", progress=None,
+               **options) -> Path:
     """Train a sparse head with `method` (d2s, joint, vdr, bm25v, or a plugin) and save it to `out`.
 
     train_images / train_captions: dense HDF5 files (mmsparse.encode_dense); bm25v needs only the
@@ -36,6 +37,8 @@ def train_head(train_images: str | Path | None = None, train_captions: str | Pat
     qrels / val_qrels pair captions with images when the caption files lack `image_ids`.
     backbone: instead of paths, read $MMSPARSE_WORK/dense/NAME/{train,val}-{images,captions}.h5.
     config: a TOML or JSON file of options (or a head's config.json, to train with its config).
+    preset: "default" (the defaults: what works best on validation) or "paper" (each paper's
+    settings where the defaults differ: the method config's PAPER); `config` and `options` override it.
     **options: the method's options (`mmsparse train-head --help` lists them; keywords are the
     flags without dashes, e.g. eta=1e-3, expansion="caption"); they override `config`.
     device: cpu, cuda, cuda:N. threads: torch CPU threads (None: every available core,
@@ -50,7 +53,8 @@ def train_head(train_images: str | Path | None = None, train_captions: str | Pat
 
     rep = reporter(progress)
     method = canonical(method, "--method")
-    cfg = make_config(get_config_class(method), resolve_config(config, options, method),
+    cls = get_config_class(method)
+    cfg = make_config(cls, {**preset_values(cls, preset), **resolve_config(config, options, method)},
                       f"{config}" if config else "options")
     if device != "cpu" and not (str(device).startswith("cuda") and torch.cuda.is_available()):
         raise InputError(f"--device {device}: not available here; use --device cpu")
@@ -69,13 +73,15 @@ def train_head(train_images: str | Path | None = None, train_captions: str | Pat
     res = fit(m, head, train, val, ckpt_dir=ckpt_dir, device=device, progress=rep)
     head.to("cpu")
     head.load_state_dict(res.state)
-    m.finish(head, train, rep)
     chosen = res.history[res.best_epoch - 1]
+    m.load_epoch(head, chosen)
+    m.finish(head, train, rep)
     v = chosen.get("val") or {}
     # without validation files, the density a near-dense head is caught by: a sample of the training pairs
     sample = {} if v else m.sample_figures(head, train)
     budget = getattr(m, "budget", None)
-    head.config["training"] = {**m.training, "method": method, "config": asdict(cfg), "precision": res.precision,
+    head.config["training"] = {**m.training, "method": method, "preset": preset, "config": asdict(cfg),
+                               "precision": res.precision,
                                "best_epoch": res.best_epoch,
                                "val": chosen.get("val"), "seconds": round(time.time() - t0, 1),
                                **({"train_sample": sample} if sample else {}),
@@ -91,7 +97,8 @@ def train_head(train_images: str | Path | None = None, train_captions: str | Pat
         _warn_if_dense(out, sample, vocab_size, f"a sample of {sample.get('images', 0):,} training",
                        "training sample's")
     if budget is not None and "FLOPs" in v:
-        _report_budget(rep, out, v["FLOPs"], budget, chosen.get("eta_scale", 1.0))
+        _report_budget(rep, out, chosen, budget, m.training.get("holdout"))
+    _warn_if_collapsed(out, res.history, res.best_epoch - 1, cfg.select_metric)
     rep.log(f"saved epoch {res.best_epoch} to {out}"
             + (f" (val R@1 {v['R@1']:.4f}, R@10 {v['R@10']:.4f}" + (f", FLOPs {v['FLOPs']:.1f}" if "FLOPs" in v else "")
                + ")" if "R@1" in v else "")
@@ -116,16 +123,38 @@ def _warn_if_dense(out: Path, val: dict, vocab_size: int, split: str = "validati
              f"vectors will be slow; {DENSE_FIX}")
 
 
-def _report_budget(rep, out: Path, flops: float, budget, scale: float) -> None:
-    """--target-flops: one line saying where the saved head landed, a warning when over the limit."""
+def _report_budget(rep, out: Path, chosen: dict, budget, holdout: dict | None) -> None:
+    """--target-flops: one line saying where the saved epoch landed (its FLOPs, gates and multiplier,
+    and which images measured them), a warning when over the limit."""
     from ..checks import warn
 
+    flops = chosen["val"]["FLOPs"]
+    split = f"{holdout['source']} ({holdout['images']:,} images)" if holdout else "validation"
+    gates = chosen.get("gates") or {}
+    gated = ", gates " + " / ".join(f"{s} {k or 'none'}" for s, k in gates.items()) if gates else ""
     if flops > budget.limit:
-        warn(f"{out}: --target-flops {budget.target:g}: no epoch kept validation FLOPs <= {budget.limit:.3g}; "
-             f"saved the lowest, {flops:.2f}; train longer (--epochs) or set a larger --eta to start from")
+        warn(f"{out}: --target-flops {budget.target:g}: no epoch kept {split} FLOPs <= {budget.limit:.3g}; "
+             f"saved the lowest, {flops:.2f}; train longer (--epochs) or start sparser (a larger --eta)")
     else:
-        rep.log(f"--target-flops {budget.target:g}: validation FLOPs {flops:.2f} ({flops / budget.target:.2f} x the "
-                f"budget), its epoch trained with the sparsity weights x{scale:.3g}")
+        rep.log(f"--target-flops {budget.target:g}: {split} FLOPs {flops:.2f} ({flops / budget.target:.2f} x the "
+                f"budget){gated}, sparsity weights x{chosen.get('eta_scale', 1.0):.3g}")
+
+
+def _warn_if_collapsed(out: Path, history: list[dict], saved: int, metric: str) -> None:
+    """One warning line when the saved epoch kept under half the best validation `metric` of the run
+    (mmsparse.methods.budget.collapsed), or when over 1 % of its validation queries share no term
+    with any image."""
+    from ..checks import warn
+    from ..methods.budget import collapsed
+
+    hit = collapsed(history, saved, metric)
+    if hit:
+        warn(f"{out}: the saved head collapsed: validation {metric} {hit[0]:.4f} against {hit[1]:.4f} at epoch "
+             f"{hit[2]}; its FLOPs limit left no better epoch: raise --target-flops / --max-val-flops or --epochs")
+    empty = (history[saved].get("val") or {}).get("q_empty", 0.0)
+    if empty > 0.01:
+        warn(f"{out}: {empty:.1%} of the validation queries share no term with any image: the head is too sparse "
+             "for its queries; raise --target-flops or lower --eta")
 
 
 def resolve_config(config: str | Path | None, options: dict, method: str | None = None) -> dict:

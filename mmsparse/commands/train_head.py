@@ -69,7 +69,7 @@ def _param(name: str, e: dict) -> inspect.Parameter:
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=Optional[kind])
 
 
-def _run(train_images, train_captions, out, method, val_images, val_captions, qrels, val_qrels, backbone,
+def _run(train_images, train_captions, out, method, preset, val_images, val_captions, qrels, val_qrels, backbone,
          config, set_values, device, threads, restart, keep_checkpoint, **options) -> None:
     from ..api.training import train_head
     from ..cli_ui import RichReporter
@@ -85,7 +85,7 @@ def _run(train_images, train_captions, out, method, val_images, val_captions, qr
     train_head(train_images, train_captions, out=out, method=method, val_images=val_images,
                val_captions=val_captions, qrels=qrels, val_qrels=val_qrels, backbone=backbone, config=config,
                device=device, threads=threads, restart=restart, keep_checkpoint=keep_checkpoint,
-               progress=RichReporter(), **given)
+               preset=preset, progress=RichReporter(), **given)
 
 
 def _value(text: str):
@@ -113,6 +113,11 @@ def _build():
                                      "baseline VDR is judged against: CLIP's loss on the same final layers and "
                                      "projections), bm25v (BM25-V visual words: a top-k sparse autoencoder on "
                                      "patch_states). Installed: " + ", ".join(method_names()) + ".")),
+        ("preset", str, typer.Option("default", "--preset", help="default: every option at its default, the "
+                                     "settings that work best on validation (each default's --help names the "
+                                     "paper's value beside it); paper: each paper's settings wherever the defaults "
+                                     "differ (D2S: 200 epochs, L1 η 1e-3, full vocabulary, no gates, ...). "
+                                     "--config and flags override it.")),
         ("val_images", Optional[Path], typer.Option(None, "--val-images", help="Dense HDF5 of validation images: "
                                                     "caption->image retrieval each epoch picks the saved epoch.")),
         ("val_captions", Optional[Path], typer.Option(None, "--val-captions", help="Dense HDF5 of validation captions.")),
@@ -143,8 +148,8 @@ def _build():
     def main(**kw) -> None:
         """Train a sparse head: D2S by default (dense vectors -> W1, LayerNorm, W2, log(1+ReLU);
         loss eq. 7; probabilistic expansion control), or --method inference-free, joint, vdr, dense,
-        bm25v. Options
-        from --config, then --set, then flags; the head's config.json records the resolved config."""
+        bm25v. Options from --preset, then --config, then --set, then flags; the head's config.json
+        records the resolved config."""
         _run(**{n: kw.pop(n) for n, _, _ in base}, **kw)
 
     main.__signature__ = inspect.Signature(params)

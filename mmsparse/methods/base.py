@@ -26,6 +26,7 @@ class TrainConfig:
     (here so --help needs no torch)."""
 
     sparsify_options: ClassVar[dict] = {}
+    PAPER: ClassVar[dict] = {}   # `--preset paper`: the fields whose default is not the paper's, at the paper's value
 
     epochs: int = option(6, "Passes over the training data.", min=1)
     batch_size: int = option(512, "Training examples per optimizer step.", min=1)
@@ -58,6 +59,18 @@ class VocabConfig:
                                      "tower of the dense files' `model`.")
     vocab_min_df: int = option(0, "Keep only terms in >= N training captions (0 = the whole tokenizer "
                                "vocabulary, the papers' setting).", min=0, paper="0 (full vocabulary)")
+
+
+PRESETS = ("default", "paper")
+
+
+def preset_values(config_class: type, preset: str) -> dict:
+    """The option values `--preset NAME` sets before a config file and flags: {} for "default"
+    (the defaults: what works best on validation), the method's PAPER dict for "paper" (each
+    paper's settings). InputError on another name."""
+    if preset not in PRESETS:
+        raise InputError(f"--preset {preset!r}: choose one of {', '.join(PRESETS)}")
+    return dict(config_class.PAPER) if preset == "paper" else {}
 
 
 def make_config(config_class: type, values: dict, source: str = "options") -> Any:
@@ -138,6 +151,14 @@ class Method:
     def prepare(self, head, train) -> None:
         """Called once before the first epoch of a fresh run (e.g. data-dependent init)."""
 
+    def resumed(self, head) -> None:
+        """Called once after a run resumes from a checkpoint (weights and load_state_dict restored):
+        put back on the head what its state dict does not hold (e.g. the budget's gates)."""
+
+    def load_epoch(self, head, record: dict) -> None:
+        """Called after the saved epoch's weights are loaded, with that epoch's history record: put
+        back on the head what the epoch trained with beyond its weights (e.g. the budget's gates)."""
+
     def steps_per_epoch(self, train) -> int:
         raise NotImplementedError
 
@@ -173,6 +194,11 @@ class Method:
     def val_flops_limit(self) -> float | None:
         """The most validation FLOPs a saved epoch may have (pick_epoch): --max-val-flops; None = any."""
         return self.cfg.max_val_flops
+
+    def val_flops_floor(self) -> float | None:
+        """The fewest validation FLOPs a saved epoch should have where an epoch has them (pick_epoch):
+        the lower edge of a budget's band; None = any."""
+        return None
 
     def sample_figures(self, head, train, n: int = 1000) -> dict:
         """`validate`'s figures of the trained head on a seeded sample of at most `n` training images

@@ -1,47 +1,146 @@
-"""`--target-flops F`: a FLOPs budget the sparsity weights adapt to during training (not in the papers).
+"""`--target-flops F`: a FLOPs budget reached by the top-k gates and the sparsity weight together
+(not in the papers).
 
 SPLADE-style training (D2S eq. 7, SPLADE's FLOPs regulariser, sentence-transformers' FlopsLoss)
-sets the regulariser weight η by hand, and a head lands wherever η, its gates and its schedule
-put it. With a budget, the methods built on the D2S head (d2s, inference-free, joint) multiply
-every sparsity weight of their loss by one factor m, and after each epoch that may be saved
-(Method.eligible: the sparsity warm-up is over) `FlopsBudget.update` moves m from the FLOPs
-measured that epoch, F_e (D2S eq. 1 on the validation split, on the vectors `sparsify` writes:
-top-k gates and the posting floor applied):
+sets the regulariser weight η by hand, and a head lands wherever η, its gates and its schedule put
+it. With a budget, after each epoch that may be saved (Method.eligible: the sparsity warm-up is
+over) the controller reads the validation split's vectors as `sparsify` writes them (posting floor
+cut, gates applied) and moves two actuators toward D2S eq. 1's FLOPs = F:
 
-    e    = log(F_e / F)                                     (> 0: too many FLOPs, raise η)
-    log m ← log m + sign(e) · step · min(1, |e| / log(1 + tol)),   m kept in [1e-4, 1e4]
-    step ← min(log 2, step · 1.5) if e has the sign it had at the last update, else step · 0.5
+1. **The top-k gates** (`GateProbe`, `FlopsBudget.plan`). FLOPs = Σ_t p_q(t)·p_d(t) answer a gate at
+   once (no lag), and the validation vectors re-gated at any k tell exactly what a gate costs in
+   FLOPs and in the select metric before training takes it. Each epoch the goal moves toward F by at
+   most ×2 (`RATIO`: "tighten gradually"), and of the gate pairs k_q × k_d (a √2 ladder, queries and
+   images apart: the split of the budget between the sides is chosen, not fixed) whose FLOPs reach
+   the goal, the one with the best validation metric is taken, provided it keeps at least
+   (1 − `MAX_DROP`) of the epoch's metric; otherwise the goal is halved in log space (at most three
+   times) and else the gates hold. Training then adapts the head to the gates it is given (the loss
+   sees gated vectors), so a head is never cut to its budget in one step. A method without gates
+   on a side (the paper's D2S head has none) gets them here: the ladder starts at the widest row.
+2. **The sparsity weight multiplier m** (`FlopsBudget.update`): every sparsity weight of the loss
+   (d2s: η; inference-free: η and --eta-query-flops; joint: η_t, η_i) is multiplied by m, which
+   moves in log space against e = log(F_e / F) extrapolated one epoch at its trend (2e − e_prev),
+   by at most ×2 an epoch, its step halved at each crossing (Rprop, Riedmiller and Braun 1993),
+   in proportion to the error inside ±15 %, m in [1e-4, 1e4] — but only in epochs where the gates
+   did not move (they are the primary actuator: two actuators moving on one reading overshoot), and
+   never up after an epoch whose validation metric fell by more than MAX_DROP (what drove a
+   paper-preset head from R@1 18.9 to 0.3 in issue 49: m doubled for 11 epochs while the head died).
 
-A multiplicative (log-space) integral update whose step halves each time FLOPs cross F, as
-Rprop adapts its steps (Riedmiller and Braun 1993), and never exceeds x2 per epoch: FLOPs answer
-a change of η with a lag (the weights move at the learning rate, which decays), so a faster
-update overshoots, and an η large enough to kill a term's every weight (ReLU) cannot be undone
-(tiny heads in tests/test_flops_budget.py did both at x8 steps). On Flickr8k's D2S head
-ten times η lowers the FLOPs about 2x (docs/d2s.md), so a budget 2-4x below where η puts the
-head is reached within about 5-10 epochs. Inside the tolerance band the move shrinks in
-proportion to the error, so m settles when F_e ≈ F. The saved epoch is then chosen as
---max-val-flops chooses it, with F·(1 + tol) as the limit (mmsparse.trainer.pick_epoch). No
-torch here.
+The saved epoch is chosen as --max-val-flops chooses it, with F·(1 + tol) as the limit
+(mmsparse.trainer.pick_epoch); `collapsed` says when it kept less than half the run's best metric.
+No torch here.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
+import scipy.sparse as sp
+
 TOLERANCE = 0.15   # the saved epoch's FLOPs may exceed the budget by this share (its limit is F·(1 + TOLERANCE))
 MAX_STEP = math.log(2.0)           # no update moves m by more than x2 (the first one included)
 MIN_STEP = 0.02
 GROW, SHRINK = 1.5, 0.5
 MIN_LOG_SCALE, MAX_LOG_SCALE = math.log(1e-4), math.log(1e4)
+RATIO = 2.0        # a gate step moves the FLOPs goal by at most this factor an epoch
+MAX_DROP = 0.05    # a gate step may cost at most this share of the epoch's validation metric
+COLLAPSE = 0.5     # a saved metric below this share of the run's best is reported as a collapse
+LADDER = sorted({int(round(4 * 2 ** (i / 2))) for i in range(0, 24)})   # 4, 6, 8, 11, 16, 23, 32, 45, 64, ... 8192
+SHORTLIST = 6      # gate pairs whose metric is measured per goal (those with the most FLOPs under it)
+EFFECT = 0.05      # gates whose FLOPs differ from the current ones' by less than this share are not a move
+
+
+class GateProbe:
+    """The validation vectors of one epoch before the top-k gates, re-gated at any k without the head.
+
+    q_cols / d_cols [N, K] int64: each query's / image's K largest-weight columns, in descending
+    weight order; q_vals / d_vals [N, K] float32 their weights (0 = not positive, and for images
+    at or below the posting floor, which `sparsify` applies after the gate). gold [Nq] int64: the
+    row of each query's image. `fixed_queries`: a CSR [Nq, |V|] used as is (inference-free
+    queries, which have no gate); then q_cols / q_vals are None. `metric`: the select metric's key
+    of mmsparse.metrics.exhaustive.sparse_retrieval_metrics (R@1, R@5, R@10, MRR@10).
+    """
+
+    def __init__(self, vocab_size: int, d_cols: np.ndarray, d_vals: np.ndarray, gold: np.ndarray,
+                 q_cols: np.ndarray | None = None, q_vals: np.ndarray | None = None,
+                 fixed_queries: sp.csr_matrix | None = None, metric: str = "R@1"):
+        self.v, self.gold, self.metric = int(vocab_size), np.asarray(gold), metric
+        self.d_cols, self.d_vals = d_cols, d_vals
+        self.q_cols, self.q_vals, self.fixed = q_cols, q_vals, fixed_queries
+        self._p: dict = {}
+
+    @property
+    def sides(self) -> tuple[str, ...]:
+        """The gated sides: ("text", "image"), or ("image",) with fixed queries."""
+        return ("image",) if self.fixed is not None else ("text", "image")
+
+    def widest(self, side: str) -> int:
+        """The most positive weights any row of `side` holds before the gate (the K it was read at)."""
+        vals = self.d_vals if side == "image" else self.q_vals
+        return int((vals > 0).sum(1).max()) if vals.size else 0
+
+    def _arrays(self, side):
+        return (self.d_cols, self.d_vals) if side == "image" else (self.q_cols, self.q_vals)
+
+    def matrix(self, side: str, k: int) -> sp.csr_matrix:
+        """Side `side` gated at k (0 = no gate: every column read), CSR [N, |V|] float32."""
+        if side == "text" and self.fixed is not None:
+            return self.fixed
+        cols, vals = self._arrays(side)
+        k = cols.shape[1] if not k else min(int(k), cols.shape[1])
+        c, w = cols[:, :k], vals[:, :k]
+        keep = w > 0
+        indptr = np.zeros(len(c) + 1, dtype=np.int64)
+        np.cumsum(keep.sum(1), out=indptr[1:])
+        m = sp.csr_matrix((w[keep], c[keep], indptr), shape=(len(c), self.v))
+        m.sort_indices()
+        return m
+
+    def share(self, side: str, k: int) -> np.ndarray:
+        """p(t) [|V|] float64: the share of `side`'s rows holding term t when gated at k."""
+        key = (side, k)
+        if key not in self._p:
+            if side == "text" and self.fixed is not None:
+                m = self.fixed
+                p = np.bincount(m.indices[m.data > 0], minlength=self.v) / max(m.shape[0], 1)
+            else:
+                cols, vals = self._arrays(side)
+                kk = cols.shape[1] if not k else min(int(k), cols.shape[1])
+                c = cols[:, :kk][vals[:, :kk] > 0]
+                p = np.bincount(c, minlength=self.v) / max(len(cols), 1)
+            self._p[key] = p
+        return self._p[key]
+
+    def flops(self, gates: dict) -> float:
+        """D2S eq. 1 of the gated vectors: Σ_t p_q(t)·p_d(t). gates: {side: k} (0 = none)."""
+        return float(self.share("text", gates.get("text", 0)) @ self.share("image", gates.get("image", 0)))
+
+    def figures(self, gates: dict) -> dict:
+        """sparse_retrieval_metrics of the vectors gated at `gates` (R@k, MRR@10, FLOPs, q_nnz, d_nnz)."""
+        from ..metrics.exhaustive import sparse_retrieval_metrics
+
+        return sparse_retrieval_metrics(self.matrix("text", gates.get("text", 0)),
+                                        self.matrix("image", gates.get("image", 0)), self.gold)
+
+
+def candidates(current: int, widest: int) -> list[int]:
+    """The gate values one step may take on a side now at `current` (0 = no gate) whose rows hold at
+    most `widest` positive weights: the ladder between current / 8 and 2 × current (an ungated side:
+    every ladder value below `widest`, and 0 to stay ungated)."""
+    if not current:
+        return [0] + [k for k in LADDER if k < widest]
+    return sorted({k for k in LADDER if current / 8 <= k <= 2 * current} | {current})
 
 
 class FlopsBudget:
-    """The multiplier m (`scale`, starts at 1) of a method's sparsity weights under a FLOPs budget
-    `target` (> 0, D2S eq. 1: expected shared terms per query-image pair).
+    """The controller of one training run under a FLOPs budget `target` (> 0, D2S eq. 1: expected
+    shared terms per query-image pair): the multiplier m (`scale`) of the method's sparsity weights
+    and the top-k gates (`gates`, {side: k}, 0 = none; {} until the method reports its gates).
 
-    update(flops) after each eligible epoch returns the new m; state_dict/load_state_dict make a
-    resumed run continue exactly; `record` is what a head's config.json keeps of the run
-    (target, limit, the multiplier per epoch)."""
+    Per eligible epoch: `plan(probe, figures)` may move the gates; `update(flops, epoch, moved,
+    metric)` moves m. `state_dict` / `load_state_dict` resume exactly; `record` is what a head's
+    config.json keeps (target, limit, m, gates and the trace per epoch)."""
 
     def __init__(self, target: float, tolerance: float = TOLERANCE):
         if not target > 0:
@@ -51,7 +150,9 @@ class FlopsBudget:
         self.step = MAX_STEP
         self.last_sign = 0
         self.last_err: float | None = None
-        self.trace: list[dict] = []   # one entry per update: epoch, FLOPs measured, multiplier after
+        self.last_metric: float | None = None
+        self.gates: dict = {}
+        self.trace: list[dict] = []   # one entry per update: epoch, FLOPs measured, multiplier and gates after
 
     @property
     def scale(self) -> float:
@@ -63,33 +164,95 @@ class FlopsBudget:
         """The most validation FLOPs a saved epoch may have: target·(1 + tolerance)."""
         return self.target * (1.0 + self.tolerance)
 
-    def update(self, flops: float, epoch: int | None = None) -> float:
+    def in_band(self, flops: float) -> bool:
+        """Whether `flops` is within the target's ±tolerance band."""
+        return self.target / (1 + self.tolerance) <= flops <= self.limit
+
+    def plan(self, probe, figures: dict) -> dict:
+        """New gates {side: k} from this epoch's validation vectors `probe` (a GateProbe, or a
+        callable returning one, called only when needed) and figures (its "FLOPs" and the probe's
+        metric at the current gates): unchanged inside the band; otherwise the best
+        metric among the gate pairs whose FLOPs reach a goal at most RATIO × nearer F, the goal
+        halved (in log space) while the best pair would cost more than MAX_DROP of the metric;
+        unchanged too when the best pair's FLOPs are within EFFECT of the current ones (the gates do
+        not bind: the multiplier moves instead). Sets and returns self.gates."""
+        f_now = float(figures["FLOPs"])
+        if self.in_band(f_now):
+            return self.gates
+        probe = probe() if callable(probe) else probe
+        sides = probe.sides
+        cur = {s: int(self.gates.get(s, 0)) for s in sides}
+        m_now = float(figures[probe.metric])
+        down = f_now > self.target
+        grid = [{}]
+        for s in sides:
+            grid = [{**g, s: k} for g in grid for k in candidates(cur[s], probe.widest(s))]
+        flops = [probe.flops(g) for g in grid]
+        goal = max(self.target, f_now / RATIO) if down else min(self.target, f_now * RATIO)
+        for _ in range(4):
+            under = sorted((f, i) for i, f in enumerate(flops) if f <= goal * (1 + self.tolerance / 3))
+            short = [i for _, i in under[-SHORTLIST:]]
+            scored = [(probe.figures(grid[i])[probe.metric], flops[i], i) for i in short]
+            if scored:
+                best = max(scored)
+                if abs(math.log(max(best[1], 1e-9) / max(probe.flops(cur), 1e-9))) < math.log(1 + EFFECT):
+                    break   # the gates do not bind here (rows hold fewer weights): the multiplier's turn
+                if not down or best[0] >= (1 - MAX_DROP) * m_now:
+                    self.gates = grid[best[2]]
+                    return self.gates
+            goal = math.sqrt(goal * f_now) if down else goal
+        self.gates = cur
+        return cur
+
+    def update(self, flops: float, epoch: int | None = None, moved: bool = False,
+               metric: float | None = None) -> float:
         """Move m from the FLOPs measured after an epoch (> 0; 0 = an empty head: m halves its way
-        down as for any reading below the target). Returns the new m."""
+        down as for any reading below the target). moved: the gates moved this epoch (m holds);
+        metric: the epoch's validation metric (m never rises after it fell by more than MAX_DROP).
+        Returns the new m."""
         err = math.log(max(float(flops), 1e-6) / self.target)
         # the error one epoch ahead at the current trend: FLOPs follow η with a lag, so a reading
         # still above F but falling fast towards it must not raise η further (a PD controller)
         drive = err if self.last_err is None else 2 * err - self.last_err
         self.last_err = err
-        err = drive
-        sign = (err > 0) - (err < 0)
-        if sign:
+        fell = metric is not None and self.last_metric is not None and metric < (1 - MAX_DROP) * self.last_metric
+        if metric is not None:
+            self.last_metric = float(metric)
+        sign = (drive > 0) - (drive < 0)
+        if fell and sign > 0:   # the head paid for the last rise: no further rise, and a smaller step
+            sign, self.step = 0, max(MIN_STEP, self.step * SHRINK)
+        if sign and not moved:
             if self.last_sign:
                 self.step = min(MAX_STEP, max(MIN_STEP, self.step * (GROW if sign == self.last_sign else SHRINK)))
             self.last_sign = sign
-            move = sign * self.step * min(1.0, abs(err) / math.log1p(self.tolerance))
+            move = sign * self.step * min(1.0, abs(drive) / math.log1p(self.tolerance))
             self.log_scale = min(MAX_LOG_SCALE, max(MIN_LOG_SCALE, self.log_scale + move))
-        self.trace.append({"epoch": epoch, "FLOPs": float(flops), "scale": self.scale})
+        self.trace.append({"epoch": epoch, "FLOPs": float(flops), "scale": self.scale,
+                           **({"gates": dict(self.gates)} if self.gates else {})})
         return self.scale
 
     def record(self) -> dict:
-        """{"target", "limit", "scale" (the last m), "trace"} for a head's config.json."""
-        return {"target": self.target, "limit": self.limit, "scale": self.scale, "trace": list(self.trace)}
+        """{"target", "limit", "scale" (the last m), "gates" (the last), "trace"} for a head's config.json."""
+        return {"target": self.target, "limit": self.limit, "scale": self.scale, "gates": dict(self.gates),
+                "trace": list(self.trace)}
 
     def state_dict(self) -> dict:
         return {"log_scale": self.log_scale, "step": self.step, "last_sign": self.last_sign, "last_err": self.last_err,
-                "trace": list(self.trace)}
+                "last_metric": self.last_metric, "gates": dict(self.gates), "trace": list(self.trace)}
 
     def load_state_dict(self, state: dict) -> None:
         self.log_scale, self.step = float(state["log_scale"]), float(state["step"])
         self.last_sign, self.last_err, self.trace = int(state["last_sign"]), state["last_err"], list(state["trace"])
+        self.last_metric, self.gates = state.get("last_metric"), dict(state.get("gates") or {})
+
+
+def collapsed(history: list[dict], saved: int, metric: str) -> tuple[float, float, int] | None:
+    """(saved metric, the run's best, its epoch) when the saved epoch `saved` (0-based index of
+    `history`, whose records carry "val" figures) kept less than COLLAPSE × the best validation
+    `metric` any epoch reached; None otherwise (or without validation figures)."""
+    vals = [(h.get("val") or {}).get(metric) for h in history]
+    seen = [(v, i) for i, v in enumerate(vals) if v is not None]
+    if not seen or vals[saved] is None:
+        return None
+    best, at = max(seen)
+    return (vals[saved], best, at + 1) if vals[saved] < COLLAPSE * best else None

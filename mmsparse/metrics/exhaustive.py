@@ -26,15 +26,19 @@ def rank_metrics(scores: np.ndarray, gold: np.ndarray) -> dict:
 
 def sparse_retrieval_metrics(q: sp.csr_matrix, d: sp.csr_matrix, gold: np.ndarray, chunk: int = 2048) -> dict:
     """rank_metrics of sparse dot products q [Nq, |V|] · d [Nd, |V|]ᵀ (in chunks of queries), plus
-    FLOPs (D2S eq. 1) and the mean non-zeros per query (q_nnz) and per document (d_nnz)."""
+    FLOPs (D2S eq. 1), the mean non-zeros per query (q_nnz) and per document (d_nnz), and q_empty:
+    the share of queries sharing no term with any document (an index returns nothing for them)."""
     acc = {"R@1": 0.0, "R@5": 0.0, "R@10": 0.0, "MRR@10": 0.0}
+    empty = 0
     dt = d.T.tocsc()
     for s in range(0, q.shape[0], chunk):
         sc = (q[s:s + chunk] @ dt).toarray()
         m = rank_metrics(sc, gold[s:s + chunk])
         for k in acc:
             acc[k] += m[k] * sc.shape[0]
+        empty += int((~(sc > 0).any(1)).sum())
     out = {k: v / max(q.shape[0], 1) for k, v in acc.items()}
+    out["q_empty"] = empty / max(q.shape[0], 1)
     out.update(FLOPs=flops(q, d), q_nnz=float(np.diff(q.indptr).mean()) if q.shape[0] else 0.0,
                d_nnz=float(np.diff(d.indptr).mean()) if d.shape[0] else 0.0)
     return out

@@ -24,7 +24,7 @@ from ...metrics.exhaustive import sparse_retrieval_metrics
 from ...vocab import (caption_token_ids, document_frequency, indicator, indicator_cols, load_vocab, pad_ids,
                       restrict_to_frequent, to_columns)
 from ..base import Method, Sparsified
-from ..budget import FlopsBudget
+from ..budget import FlopsBudget, GateProbe
 from ..head import require_tokenizer, to_csr
 from ...trainer import warmup_steps
 from ..pairs import PairData, check_inputs, load_pairs, sample_rows, training_record
@@ -33,6 +33,9 @@ from .expansion import ExpansionControl
 from .head import D2SHead, top_k_rows
 from .loss import (ScoreSide, d2s_loss, doc_words_loss, drop_coordinates, eta_at, gathered_doc_words_loss,
                    gathered_scores, gathered_sparsity, soft_ce, sparse_scores, teacher_logits)
+
+HOLDOUT = 1000       # images held out of training for a budget without validation files
+MIN_HOLDOUT = 20     # fewer than this to spare: the budget reads a sample of the training pairs instead
 
 
 @torch.no_grad()
@@ -74,6 +77,8 @@ def format_epoch_line(r: dict, extra: str = "", cap_digits: int = 0) -> str:
     v = r.get("val") or {}
     if "eta_scale" in r:   # --target-flops: the multiplier of the sparsity weights this epoch trained with
         extra += f" η×{r['eta_scale']:.3g}"
+    if r.get("gates"):     # and the gates (query / image top-k; 0 = none)
+        extra += " top-k " + "/".join(str(k) for k in r["gates"].values())
     return (f"epoch {r['epoch']}: loss {r['loss']:.3f} batch-FLOPs {r['flops']:.1f}{extra}"
             + (f" | val R@1 {v['R@1']:.4f} R@10 {v['R@10']:.4f} FLOPs {v['FLOPs']:.1f} "
                f"terms/img {v['d_nnz']:.0f} terms/cap {v['q_nnz']:.{cap_digits}f}" if v else "")
@@ -107,10 +112,13 @@ class D2S(Method):
         train = load_pairs(inputs.train_images, inputs.train_captions, inputs.qrels)
         val = load_pairs(inputs.val_images, inputs.val_captions, inputs.val_qrels) if inputs.val_images else None
         check_inputs(inputs)
+        if val is None and self.budget is not None:   # the budget needs figures of images it does not train on
+            train, val = self.holdout(train, progress)
         voc = load_vocab(cfg.vocab_model, train.attrs_cap)
         train.tokenize(voc.tokenizer)
         voc = restrict_to_frequent(voc, train.raw_ids, cfg.vocab_min_df)
-        self.training = training_record(inputs, train.attrs_cap, vocab_min_df=cfg.vocab_min_df)
+        self.training = {**training_record(inputs, train.attrs_cap, vocab_min_df=cfg.vocab_min_df),
+                         **({"holdout": self._holdout} if getattr(self, "_holdout", None) else {})}
         torch.manual_seed(cfg.seed)
         head = self.new_head(train, voc)
         train.set_columns(head.token_ids.numpy())
@@ -295,32 +303,133 @@ class D2S(Method):
         scale = self.budget.scale if self.budget is not None else 1.0
         return eta_at(step, (self.cfg.eta if eta is None else eta) * scale, self.l1_warm)
 
+    def holdout(self, train, progress=None):
+        """(training pairs, validation pairs) for a budget without validation files: HOLDOUT images
+        (a sixth of a set under 6,000) and their captions held out of training, seeded; a set too
+        small to spare MIN_HOLDOUT images keeps them all and measures a sample of its own pairs,
+        which the log and the head's config ("holdout") say."""
+        n = self.rows(train)
+        k = min(HOLDOUT, n // 6)
+        if k < MIN_HOLDOUT:
+            self._holdout = {"images": min(n, HOLDOUT), "source": "a sample of the training pairs"}
+            held = self.take(train, sample_rows(n, HOLDOUT, self.cfg.seed))
+        else:
+            rows = sample_rows(n, k, self.cfg.seed)
+            rest = torch.ones(n, dtype=torch.bool)
+            rest[rows] = False
+            held, train = self.take(train, rows), self.take(train, torch.nonzero(rest).squeeze(1))
+            self._holdout = {"images": k, "source": "images held out of training"}
+        if progress is not None:
+            progress.log(f"--target-flops without validation files: the budget reads {self._holdout['source']} "
+                         f"({self._holdout['images']:,} images)")
+        return train, held
+
+    def rows(self, data) -> int:
+        """How many images `data` holds."""
+        return int(data.z_img.shape[0])
+
+    def take(self, data, rows):
+        """The images at `rows` of `data` with their captions, in the data's own type."""
+        return data.subset(rows)[0]
+
+    def prepare(self, head, train) -> None:
+        if self.budget is not None and not self.budget.gates:
+            self.budget.gates = self.head_gates(head)
+
+    def resumed(self, head) -> None:
+        if self.budget is not None and self.budget.gates:
+            self.set_gates(head, self.budget.gates)
+
+    def load_epoch(self, head, record: dict) -> None:
+        if record.get("gates"):
+            self.set_gates(head, record["gates"])
+
+    def head_gates(self, head) -> dict:
+        """{side: k} of the head's top-k gates (0 = none) on the sides the budget may gate: both, or
+        only the images when queries are the captions' own terms."""
+        if self.query_mode_of_head() == "caption-terms":
+            return {"image": head.top_k("image")}
+        return {"text": head.top_k("text"), "image": head.top_k("image")}
+
+    @staticmethod
+    def set_gates(head, gates: dict) -> None:
+        """Set the head's top-k gates from {side: k} (read at every call: training, validation, sparsify)."""
+        for side, k in gates.items():
+            head.config["doc_top_k" if side == "image" else "query_top_k"] = int(k)
+
+    def probe_pairs(self, head, val):
+        """The validation pairs as the head sees them (PairData: z_img, z_cap, cap_img, tok)."""
+        return val
+
+    def probe_queries(self, head, data) -> sp.csr_matrix | None:
+        """Queries the gates do not touch, CSR [Nq, |V|] (caption-term queries), or None."""
+        return encode_queries(head, data, "caption-terms") if self.query_mode_of_head() == "caption-terms" else None
+
+    @torch.no_grad()
+    def gate_probe(self, head, val) -> GateProbe:
+        """This epoch's validation vectors before the gates (budget.GateProbe): each side read at
+        twice its gate (or at its widest row when ungated), images with the posting floor applied."""
+        head.eval()
+        data = self.probe_pairs(head, val)
+        v = int(head.config["vocab_size"])
+        fixed = self.probe_queries(head, data)
+        gates = self.budget.gates
+
+        def top(z, side):
+            k = gates.get(side, 0)
+            if not k:
+                k = max(int((head(z[s:s + 1024], side=side, gate=False) > 0).sum(1).max()) for s in range(0, len(z), 1024))
+            k = max(1, min(v, 2 * k if gates.get(side) else k))
+            cols, vals = [], []
+            for s in range(0, len(z), 1024):
+                out = head(z[s:s + 1024], side=side, gate=False).topk(k, dim=1)
+                w, c = out.values, out.indices
+                if side == "image" and hasattr(head, "doc_floor"):
+                    w = w * (w > head.doc_floor[c])
+                cols.append(c.to(torch.int32).cpu())
+                vals.append(w.float().cpu())
+            return torch.cat(cols).numpy(), torch.cat(vals).numpy()
+
+        d_cols, d_vals = top(head.centered(data.z_img, "image"), "image")
+        q_cols, q_vals = (None, None) if fixed is not None else top(head.centered(data.z_cap, "text"), "text")
+        return GateProbe(v, d_cols, d_vals, data.cap_img.cpu().numpy(), q_cols, q_vals, fixed, self.cfg.select_metric)
+
     def end_epoch(self, head, train, val, record: dict) -> None:
-        """Validation; with --target-flops first the posting floor of this epoch's weights (so the
-        FLOPs measured are those of the vectors sparsify would write), then the budget's update
-        from the validation FLOPs (those of a sample of the training pairs without validation
-        files), after epochs that may be saved."""
-        if self.budget is None:
-            return super().end_epoch(head, train, val, record)
-        self.set_floor(head, train)
+        """Validation after the posting floor of this epoch's weights is cut (so the figures
+        recorded are those of the vectors sparsify would write); with --target-flops then, after
+        epochs that may be saved, the budget's gates (FlopsBudget.plan on this epoch's validation
+        vectors) and its multiplier of the sparsity weights (FlopsBudget.update)."""
+        if val is not None or self.budget is not None:
+            self.set_floor(head, train)
         super().end_epoch(head, train, val, record)
-        if val is None:
-            record["train_sample"] = self.sample_figures(head, train)
-        if self.eligible(record):
-            self.budget.update((record.get("val") or record["train_sample"])["FLOPs"], record["epoch"])
+        if self.budget is None or not self.eligible(record):
+            return
+        fig = record["val"]
+        old = dict(self.budget.gates)
+        new = self.budget.plan(lambda: self.gate_probe(head, val), fig)
+        if new != old:
+            self.set_gates(head, new)
+        self.budget.update(fig["FLOPs"], record["epoch"], new != old, fig[self.cfg.select_metric])
 
     def val_flops_limit(self) -> float | None:
         """--max-val-flops, or with --target-flops F the smaller of it and F·(1 + 15 %)."""
         limits = [x for x in (self.cfg.max_val_flops, self.budget.limit if self.budget else None) if x is not None]
         return min(limits) if limits else None
 
+    def val_flops_floor(self) -> float | None:
+        """With --target-flops F: F / (1 + 15 %), the lower edge of the budget's band."""
+        return self.budget.target / (1 + self.budget.tolerance) if self.budget else None
+
     def budget_figures(self) -> dict:
-        """{"eta_scale": the budget's multiplier} for an epoch's record ({} without --target-flops)."""
-        return {"eta_scale": self.budget.scale} if self.budget is not None else {}
+        """{"eta_scale": the budget's multiplier, "gates": the gates this epoch trained with} for an
+        epoch's record ({} without --target-flops)."""
+        if self.budget is None:
+            return {}
+        return {"eta_scale": self.budget.scale, **({"gates": dict(self.budget.gates)} if self.budget.gates else {})}
 
     def sample(self, train, n: int = 1000):
         """A seeded sample of about n training images with their captions, in the data's own type."""
-        return train.subset(sample_rows(train.z_img.shape[0], n))[0]
+        return self.take(train, sample_rows(self.rows(train), n))
 
     def sample_figures(self, head, train, n: int = 1000) -> dict:
         """`validate`'s figures on `sample`, plus "images": how many images the sample holds."""

@@ -131,6 +131,13 @@ class InferenceFree(D2S):
     def validate(self, head, val: PairData) -> dict:
         return {**evaluate_head(head, val), "query_mode": "inference-free"}
 
+    def head_gates(self, head) -> dict:
+        """Only the images have a gate: queries are the table's weights of the caption's terms."""
+        return {"image": head.top_k("image")}
+
+    def probe_queries(self, head, data: PairData) -> sp.csr_matrix:
+        return encode_table_queries(head, data)
+
     def epoch_figures(self) -> dict:
         return self.budget_figures()
 

@@ -2,12 +2,17 @@
 Retrievers Learn Better Together", §2.3, eq. 2-3). The sparse head is D2S's, so its options are
 too, through D2S's code: the top-k gates, --caption-terms-weight, --image-dropout, the image-side word
 loss, the posting floor, --sparsity-loss and --target-flops (λ and the teacher temperature of eq. 7 are
-not used: the dense scores here are trained; the sparsity terms enter eq. 3 as η·R, without λ)."""
+not used: the dense scores here are trained; the sparsity terms enter eq. 3 as η·R, without λ).
+
+The defaults are the schedule of `make joint` with D2S's sparse options (the gates, the caption-term
+loss, image dropout, the word loss, the posting floor, the FLOPs regulariser), so `--target-flops F`
+works from them (docs/joint.md); `--preset paper` (PAPER) gives the authors' configs and no D2S option."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from ..base import option
 from ..d2s.config import D2SConfig
@@ -16,6 +21,10 @@ from ..d2s.config import D2SConfig
 @dataclass
 class JointConfig(D2SConfig):
     """D2S's fields (with joint's defaults) plus eq. 2-3's weights and the dense projections'."""
+
+    PAPER: ClassVar[dict] = {**D2SConfig.PAPER, "epochs": 5, "batch_size": 512, "vocab_lr": 1e-3,
+                             "weight_decay": 0.01, "lr_warmup": 0.0, "eta": 1e-3, "l1_warmup": 0.0, "init_bias": 0.0,
+                             "l1_caption": "masked", "final_lr": 1e-5}
 
     sparsify_options = {"dense_out": (None, "Joint heads: also write the tuned dense vectors here (default: OUT "
                                             "without .h5 + '.dense.h5'). DENSE must hold the states the head was "
@@ -37,19 +46,22 @@ class JointConfig(D2SConfig):
                                     "(--freeze-final-layer keeps the backbone's; joint with --freeze-projection too: "
                                     "the dense side frozen, paper Table 3, row 1; vdr: VDR on the frozen states).",
                                     flag="--tune-final-layer/--freeze-final-layer")
-    final_lr: float = option(1e-5, "AdamW peak learning rate of the final layers (no weight decay; the paper "
+    final_lr: float = option(1e-4, "AdamW peak learning rate of the final layers (no weight decay; the paper "
                              "gives none).", min=0.0)
 
-    epochs: int = option(5, "Passes over the training data.", min=1)
+    epochs: int = option(15, "Passes over the training data.", min=1, paper="5 (authors' configs)")
     lr: float = option(1e-3, "AdamW peak learning rate of the sparse head and τ.", min=0.0)
     vocab_lr: float = option(1e-3, "Learning rate of the vocabulary LayerNorm and W2 (joint: as --lr).", min=0.0)
     weight_decay: float = option(0.01, "AdamW weight decay of the sparse head.", min=0.0)
     lr_warmup: float = option(0.0, "Linear learning-rate warm-up: steps (>= 1) or a fraction of all steps (< 1).",
                               min=0.0)
-    eta: float = option(1e-3, "η_t, L1 weight of caption vectors (eq. 3).", min=0.0)
-    l1_warmup: float = option(0.0, "L1 warm-up: η ramps quadratically over N steps (>= 1) or a fraction of all "
+    eta: float = option(0.025, "η_t, sparsity weight of caption vectors (eq. 3; D2S's λ·η, 0.5 x 0.05: eq. 3 has "
+                        "no λ).", min=0.0, paper="1e-3 (authors' configs)")
+    batch_size: int = option(256, "Pairs per step.", min=1, paper="512 (authors' configs)")
+    init_bias: float = option(-2.0, "Initial W2 bias (negative = sparser start).", paper="0")
+    l1_warmup: float = option(40, "L1 warm-up: η ramps quadratically over N steps (>= 1) or a fraction of all "
                               "steps (< 1).", aliases=("--warmup-steps",), min=0.0)
-    l1_caption: str = option("masked", "Which caption vectors the L1 term sees (joint: the masked ones).",
+    l1_caption: str = option("raw", "Which caption vectors the sparsity term sees.",
                              choices=("raw", "masked"))
     expansion: str = option("full", "Expansion control of the caption sparse vectors (D2S's modes); full = none "
                             "applied, as the authors' configs (disable_mask).",

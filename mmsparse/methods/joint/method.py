@@ -27,7 +27,7 @@ from ..d2s.head import top_k_rows
 from ..d2s.loss import drop_coordinates
 from ...trainer import warmup_steps
 from ..d2s.method import D2S, evaluate_head, image_words
-from ..pairs import PairData, check_inputs, load_pairs, sample_rows, training_record
+from ..pairs import PairData, check_inputs, load_pairs, training_record
 from ..towers import FLAG, backbone_final_layers, read_final, tuned_dense
 from .config import JointConfig
 from .head import JointHead
@@ -197,10 +197,13 @@ class Joint(D2S):
         load = load_final_pairs if final else load_state_pairs
         train = load(inputs.train_images, inputs.train_captions, inputs.qrels)
         val = load(inputs.val_images, inputs.val_captions, inputs.val_qrels) if inputs.val_images else None
+        if val is None and self.budget is not None:   # the budget needs figures of images it does not train on
+            train, val = self.holdout(train, progress)
         voc = load_vocab(cfg.vocab_model, train.pairs.attrs_cap)
         train.pairs.tokenize(voc.tokenizer)
         voc = restrict_to_frequent(voc, train.pairs.raw_ids, cfg.vocab_min_df)
-        self.training = training_record(inputs, train.pairs.attrs_cap, vocab_min_df=cfg.vocab_min_df)
+        self.training = {**training_record(inputs, train.pairs.attrs_cap, vocab_min_df=cfg.vocab_min_df),
+                         **({"holdout": self._holdout} if getattr(self, "_holdout", None) else {})}
         if final:   # the layers' weights from the model the files name (checked by fingerprint)
             text_l, image_l, train.proj = backbone_final_layers(train.pairs.attrs_cap, inputs.train_captions)
         torch.manual_seed(cfg.seed)
@@ -320,8 +323,15 @@ class Joint(D2S):
     def epoch_figures(self) -> dict:
         return {"p_c": self.pec.p_c, "tau": getattr(self, "tau", self.cfg.tau_init), **self.budget_figures()}
 
-    def sample(self, train: StatePairs, n: int = 1000) -> StatePairs:
-        return train.subset(sample_rows(train.pairs.z_img.shape[0], n))
+    def rows(self, data: StatePairs) -> int:
+        return int(data.pairs.z_img.shape[0])
+
+    def take(self, data: StatePairs, rows) -> StatePairs:
+        return data.subset(rows)
+
+    def probe_pairs(self, head, val: StatePairs):
+        """The validation pairs with the tuned dense vectors the sparse head sees (budget.GateProbe)."""
+        return replace(val.pairs, z_img=dense_all(head, val, "image"), z_cap=dense_all(head, val, "text"))
 
     def doc_vectors(self, head, train: StatePairs) -> torch.Tensor:
         """The tuned dense vectors of the training images (the posting floor is cut on them)."""
