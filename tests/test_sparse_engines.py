@@ -40,11 +40,12 @@ def _overlap(res: list[list[tuple[int, float]]], exact: list[list[int]]) -> floa
 
 
 def test_kannolo_flat_is_exact_and_hnsw_keeps_overlap(real):
+    """kANNolo keeps the weights in 16 bits: its flat index is exact up to that rounding."""
     flat = mmsparse.build_index(real["docs"], out=real["dir"] / "kflat", engine="kannolo", kannolo_index="flat")
     res = open_index(flat).search(real["Q"], 10)
+    assert _overlap(res, real["exact"]) >= 0.99
     for i, got in enumerate(res):
-        assert [r for r, _ in got] == real["exact"][i] or _ties(got, real["scores"][i])
-        np.testing.assert_allclose([s for _, s in got], real["scores"][i, [r for r, _ in got]], rtol=1e-4)
+        np.testing.assert_allclose([s for _, s in got], real["scores"][i, [r for r, _ in got]], rtol=2e-3)
     hnsw = mmsparse.build_index(real["docs"], out=real["dir"] / "khnsw", engine="kannolo", hnsw_m=16,
                                 ef_construction=100, ef_search=40)
     meta = json.loads((hnsw / "mmsparse.json").read_text())
@@ -58,12 +59,6 @@ def test_kannolo_flat_is_exact_and_hnsw_keeps_overlap(real):
     assert [[r for r, _ in x] for x in one] == [[r for r, _ in x] for x in s.search(real["Q"], 10)]
 
 
-def _ties(got, scores) -> bool:
-    """Same scores as the exact ranking (rows may differ only among equal scores)."""
-    want = np.sort(scores[scores > 0])[::-1][:len(got)]
-    return np.allclose([s for _, s in got], want, rtol=1e-4)
-
-
 def test_bmp_exact_at_alpha_1_and_faster_settings_lose_little(real):
     idx = mmsparse.build_index(real["docs"], out=real["dir"] / "bmp", engine="bmp", bmp_block_size=8)
     meta = json.loads((idx / "mmsparse.json").read_text())
@@ -75,7 +70,7 @@ def test_bmp_exact_at_alpha_1_and_faster_settings_lose_little(real):
     assert _overlap(res, real["exact"]) >= 0.95   # integer weights: ties and rounding only
     for i, got in enumerate(res):   # scores ~ <q, d> (integer rounding of both sides)
         for r, sc in got:
-            assert sc == pytest.approx(real["scores"][i, r], rel=0.1, abs=0.05 * real["scores"][i].max())
+            assert sc == pytest.approx(real["scores"][i, r], rel=0.1, abs=0.05 * float(real["scores"][i].max()))
     fast = open_index(idx, alpha=0.7, beta=0.5).search(real["Q"], 10)
     assert 0.5 <= _overlap(fast, real["exact"]) <= _overlap(res, real["exact"])
 
