@@ -126,15 +126,16 @@ def build_bmp_index(src: str | Path, out_dir: str | Path, quant_bits: int = 8, b
                 progress(s + q.shape[0])
         kth = np.zeros((len(df), 3), dtype=np.int64)
         for j in np.flatnonzero(df > 0):   # in internal id order: BMP numbers terms as they are added
-            docs = np.concatenate([d for d, _ in postings[j]])
-            ws = np.concatenate([w for _, w in postings[j]]).astype(np.int64)
+            # (a term whose weights all round to 0 keeps its internal id, with no postings)
+            docs = np.concatenate([d for d, _ in postings[j]] or [np.zeros(0, np.int32)])
+            ws = np.concatenate([w for _, w in postings[j]] or [np.zeros(0, np.uint8)]).astype(np.int64)
             postings[j] = None
             top = np.sort(ws)[::-1]
             kth[j] = [top[r] if len(top) > r else 0 for r in (9, 99, 999)]
             ix.add_term(str(j), list(zip(docs.tolist(), ws.tolist())))
         with quiet_fds():   # BMP draws a progress bar on stderr
             ix.finish()
-        np.savez(tmp / TERMS_FILE, indexed=df > 0, max=tmax, kth=kth)
+        np.savez(tmp / TERMS_FILE, indexed=tmax > 0, max=tmax, kth=kth)
         write_forward(source, tmp / FORWARD)
         meta = {
             "kind": "bmp",
