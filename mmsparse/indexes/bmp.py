@@ -8,7 +8,8 @@ next block's bound; beta keeps only that fraction of the query's terms (largest 
 alpha = beta = 1 is exact on the integer weights.
 
 Integer weights (BMP's own types, src/index and src/search.rs): document weights are u8, query
-weights are quantised by BMP to ceil(w x 32 / max w) (1..32, MAX_TERM_WEIGHT), scores are summed
+weights integers 1..32 (MAX_TERM_WEIGHT; mmsparse hands BMP rint(w x 32 / max w), dropping terms
+that round to 0, where BMP's own ceil would lift every small weight to 1), scores are summed
 in u16 *without* overflow checks. So a document weight w is stored as rint(w x s), with
 s = min((2^bits - 1) / max w, (65535 / 33 - 0.5 x max terms) / max L1): the second bound keeps
 every possible score below 2^16 (a score is at most 33 x the document's integer L1 norm); the
@@ -149,7 +150,7 @@ def build_bmp_index(src: str | Path, out_dir: str | Path, quant_bits: int = 8, b
             "dropped_postings": dropped,
             "quantization": {"bits": quant_bits, "scale": scale, "bound": bound, "max_weight": max_w,
                              "max_doc_l1": max_l1, "rounding": "rint(w * scale)",
-                             "query": f"BMP: ceil(w * {MAX_QUERY_WEIGHT} / max w)",
+                             "query": f"rint(w * {MAX_QUERY_WEIGHT} / max w), zeros dropped",
                              "score": f"bmp_score / (scale * {MAX_QUERY_WEIGHT} / max query w) ~ <q, d>"},
             "term_tokens": "<vocab index as a string>",
             "docnos": "<row index in forward.h5>",
@@ -220,10 +221,16 @@ class BmpSearcher:
         if len(idx) == 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0)
         top = float(w.max())
-        if self._panics(idx, np.ceil(w * (MAX_QUERY_WEIGHT / top)).astype(np.int64), k):
+        # integer query weights rint(w x 32 / max w) handed over as they are: the largest is 32, so
+        # BMP's own ceil(w x 32 / max) keeps them (its ceil would lift every small weight to 1/32 of
+        # the largest, inflating scores of long expanded queries); terms rounding to 0 are dropped
+        q = np.rint(w * (MAX_QUERY_WEIGHT / top))
+        live = q > 0
+        idx, w, q = idx[live], w[live], q[live]
+        if self._panics(idx, q.astype(np.int64), k):
             self.fallbacks += 1
             return self._exact(idx, w, k)
-        docs, scores = self.index.search(dict(zip([self._tokens[j] for j in idx.tolist()], w.tolist())),
+        docs, scores = self.index.search(dict(zip([self._tokens[j] for j in idx.tolist()], q.tolist())),
                                          k, self.alpha, self.beta)
         return (np.fromiter(map(int, docs), dtype=np.int64, count=len(docs)),
                 np.asarray(scores, dtype=np.float64) / (self.scale * MAX_QUERY_WEIGHT / top))
