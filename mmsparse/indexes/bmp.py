@@ -44,11 +44,11 @@ import scipy.sparse as sp
 
 from ..atomic import atomic_path
 from ..errors import InputError
-from ..formats.sparse import read_sparse, to_csr
+from ..formats.sparse import to_csr
 from ._quiet import quiet_fds
-from .meta import read_meta, source_attrs, write_meta
-from .pisa import FORWARD, read_ids_vocab
-from .stream import SparseSource, write_forward
+from .meta import read_meta, write_meta
+from .pisa import read_ids_vocab
+from .stream import FORWARD, ForwardVectors, SparseSource, stream_meta, write_forward
 
 INDEX_FILE, TERMS_FILE = "bmp.index", "bmp.terms.npz"
 MAX_QUERY_WEIGHT = 32      # BMP's MAX_TERM_WEIGHT (src/query/mod.rs)
@@ -138,37 +138,20 @@ def build_bmp_index(src: str | Path, out_dir: str | Path, quant_bits: int = 8, b
             ix.finish()
         np.savez(tmp / TERMS_FILE, indexed=tmax > 0, max=tmax, kth=kth)
         write_forward(source, tmp / FORWARD)
-        meta = {
-            "kind": "bmp",
-            "source": str(Path(src).resolve()),
-            "source_attrs": source_attrs(source.attrs),
-            "num_docs": source.num_docs,
-            "vocab_size": len(source.vocab),
-            "indexed_terms": int((df > 0).sum()),
-            "nnz": source.nnz,
-            "postings": kept,
-            "dropped_postings": dropped,
-            "quantization": {"bits": quant_bits, "scale": scale, "bound": bound, "max_weight": max_w,
-                             "max_doc_l1": max_l1, "rounding": "rint(w * scale)",
-                             "query": f"rint(w * {MAX_QUERY_WEIGHT} / max w), zeros dropped",
-                             "score": f"bmp_score / (scale * {MAX_QUERY_WEIGHT} / max query w) ~ <q, d>"},
-            "term_tokens": "<vocab index as a string>",
-            "docnos": "<row index in forward.h5>",
-            "settings": {"engine": "bmp", "engine_version": _version(), "block_size": block_size,
-                         "compress_range": compress_range, "quant_bits": quant_bits},
-            "build_seconds": round(time.time() - t0, 3),
-        }
+        meta = stream_meta(
+            "bmp", src, source, "bmp", {"block_size": block_size, "compress_range": compress_range,
+                                        "quant_bits": quant_bits}, t0,
+            indexed_terms=int((df > 0).sum()), postings=kept, dropped_postings=dropped,
+            quantization={"bits": quant_bits, "scale": scale, "bound": bound, "max_weight": max_w,
+                          "max_doc_l1": max_l1, "rounding": "rint(w * scale)",
+                          "query": f"rint(w * {MAX_QUERY_WEIGHT} / max w), zeros dropped",
+                          "score": f"bmp_score / (scale * {MAX_QUERY_WEIGHT} / max query w) ~ <q, d>"},
+            term_tokens="<vocab index as a string>")
         write_meta(tmp, meta)
     return meta
 
 
-def _version() -> str:
-    from importlib.metadata import version
-
-    return version("bmp")
-
-
-class BmpSearcher:
+class BmpSearcher(ForwardVectors):
     """Top-k search over a BMP index directory (one query at a time: BMP's Python call holds the GIL).
 
     alpha: a block is scored while its upper bound x alpha exceeds the k-th score so far (1 = exact
@@ -202,7 +185,6 @@ class BmpSearcher:
         self.scale = float(self.meta["quantization"]["scale"])
         self.threads, self.alpha, self.beta = threads, alpha, beta
         self.fallbacks = 0
-        self._forward: sp.csr_matrix | None = None
 
     def _panics(self, idx: np.ndarray, qint: np.ndarray, k: int) -> bool:
         """Whether BMP would find no block above its initial threshold (module docstring): true
@@ -250,10 +232,3 @@ class BmpSearcher:
             docs, scores = self.search_one(q.indices[a:b], q.data[a:b], k)
             out.append(list(zip(docs.tolist(), scores.tolist())))
         return out
-
-    @property
-    def forward(self) -> sp.csr_matrix:
-        """The indexed document vectors, CSR [N, |V|] float32 (loaded on first use)."""
-        if self._forward is None:
-            self._forward = read_sparse(self.dir / FORWARD).matrix
-        return self._forward

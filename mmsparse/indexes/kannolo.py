@@ -27,10 +27,10 @@ import scipy.sparse as sp
 
 from ..atomic import atomic_path
 from ..errors import InputError
-from ..formats.sparse import read_sparse, to_csr
-from .meta import read_meta, source_attrs, write_meta
-from .pisa import FORWARD, read_ids_vocab
-from .stream import SparseSource, write_forward
+from ..formats.sparse import to_csr
+from .meta import read_meta, write_meta
+from .pisa import read_ids_vocab
+from .stream import FORWARD, ForwardVectors, SparseSource, stream_meta, write_forward
 
 INDEX_FILE = "kannolo.index"
 INDEX_TYPES = ("hnsw", "flat")
@@ -75,34 +75,16 @@ def build_kannolo_index(src: str | Path, out_dir: str | Path, index_type: str = 
     with atomic_path(out_dir, directory=True) as tmp:
         index.save(str(tmp / INDEX_FILE))
         write_forward(source, tmp / FORWARD)
-        settings = {"engine": "kannolo", "engine_version": _version(), "index_type": index_type,
-                    "index_class": cls.__name__, "threads": threads}
+        settings = {"index_type": index_type, "index_class": cls.__name__, "threads": threads}
         if index_type == "hnsw":
             settings.update(hnsw_m=m, ef_construction=ef_construction, ef_search=ef_search)
-        meta = {
-            "kind": "kannolo",
-            "source": str(Path(src).resolve()),
-            "source_attrs": source_attrs(source.attrs),
-            "num_docs": source.num_docs,
-            "vocab_size": len(source.vocab),
-            "nnz": source.nnz,
-            "quantization": None,
-            "term_tokens": "<vocab index>",
-            "docnos": "<row index in forward.h5>",
-            "settings": settings,
-            "build_seconds": round(time.time() - t0, 3),
-        }
+        meta = stream_meta("kannolo", src, source, "kannolo", settings, t0, quantization=None,
+                           term_tokens="<vocab index>")
         write_meta(tmp, meta)
     return meta
 
 
-def _version() -> str:
-    from importlib.metadata import version
-
-    return version("kannolo")
-
-
-class KannoloSearcher:
+class KannoloSearcher(ForwardVectors):
     """Top-k inner-product search over a kANNolo index directory.
 
     ef_search: the graph's query beam width in nodes (hnsw; None or 0: the index's recorded
@@ -127,7 +109,6 @@ class KannoloSearcher:
         self.index_type = self.meta["settings"]["index_type"]
         self.index = _classes(self.index_type).load(str(path))
         self.threads, self.ef_search = threads, ef_search
-        self._forward: sp.csr_matrix | None = None
 
     def _beam(self, k: int) -> int:
         return max(self.ef_search, k)
@@ -168,10 +149,3 @@ class KannoloSearcher:
             ok = (ids[r] >= 0) & (dist[r] > 0)
             out[i] = list(zip(ids[r][ok].tolist(), dist[r][ok].astype(np.float64).tolist()))
         return out
-
-    @property
-    def forward(self) -> sp.csr_matrix:
-        """The indexed document vectors, CSR [N, |V|] float32 (loaded on first use)."""
-        if self._forward is None:
-            self._forward = read_sparse(self.dir / FORWARD).matrix
-        return self._forward

@@ -8,6 +8,7 @@ vocabulary, finite non-negative weights), one chunk at a time; `chunks()` yields
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +17,10 @@ import scipy.sparse as sp
 
 from ..errors import InputError
 from ..formats._h5 import attrs_dict, open_h5, read_strings
-from ..formats.sparse import REQUIRED_ATTRS
+from ..formats.sparse import REQUIRED_ATTRS, read_sparse
+from .meta import source_attrs
+
+FORWARD = "forward.h5"   # the indexed document vectors, beside every sparse engine's own files
 
 CHUNK_ROWS = 65_536
 
@@ -84,3 +88,30 @@ def write_forward(src: SparseSource, out: Path) -> None:
     with SparseWriter(out, src.vocab, {**src.attrs, "source": str(src.path.resolve())}) as w:
         for _, ids, m in src.chunks():
             w.append(ids, m)
+
+
+def stream_meta(kind: str, src: str | Path, source: SparseSource, engine: str, settings: dict, t0: float,
+                **extra) -> dict:
+    """The mmsparse.json fields of a sparse index built from `source` (kind, source file and its
+    attributes, sizes, the engine's name, version and settings, build seconds since `t0`), plus
+    `extra` (the engine's own keys)."""
+    from importlib.metadata import version
+
+    return {"kind": kind, "source": str(Path(src).resolve()), "source_attrs": source_attrs(source.attrs),
+            "num_docs": source.num_docs, "vocab_size": len(source.vocab), "nnz": source.nnz,
+            "docnos": f"<row index in {FORWARD}>", **extra,
+            "settings": {"engine": engine, "engine_version": version(engine), **settings},
+            "build_seconds": round(time.time() - t0, 3)}
+
+
+class ForwardVectors:
+    """Mixin of the sparse searchers: `forward`, the indexed document vectors of self.dir/forward.h5
+    as CSR [N, |V|] float32, read on first use (two-stage re-scoring, exact fallbacks)."""
+
+    _forward: sp.csr_matrix | None = None
+
+    @property
+    def forward(self) -> sp.csr_matrix:
+        if self._forward is None:
+            self._forward = read_sparse(self.dir / FORWARD).matrix
+        return self._forward

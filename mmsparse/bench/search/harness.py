@@ -352,6 +352,17 @@ def _sparse_job_inputs(sc: Scale):
     return q, D, doc_ids, _read_exact(sc, "sparse"), np.bincount(D.indices, minlength=D.shape[1])
 
 
+def lean_job_inputs(sc: Scale) -> tuple[dict, np.ndarray, "Rows"]:
+    """(queries, document frequencies, an empty Rows) of a sparse job whose engine keeps its own
+    copy of the documents: the CSR matrix is dropped before the engine loads, to keep the peak RSS
+    the engine's (rows.ndocs holds the document count)."""
+    q, D, doc_ids, exact, df = _sparse_job_inputs(sc)
+    rows = Rows(sc, q, doc_ids, D.shape[0], exact)
+    del D
+    gc.collect()
+    return q, df, rows
+
+
 def _row_fn(searcher, q: sp.csr_matrix):
     def f(j, k):
         s, e = q.indptr[j], q.indptr[j + 1]

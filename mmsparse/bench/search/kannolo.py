@@ -7,7 +7,7 @@ from __future__ import annotations
 import gc
 from pathlib import Path
 
-from .harness import Rows, Scale, _cached_index, _row_fn, _save, _sparse_job_inputs, _warm_fn, index_bytes, \
+from .harness import Scale, _cached_index, _row_fn, _save, _warm_fn, index_bytes, lean_job_inputs, \
     postings_per_query
 
 
@@ -28,11 +28,8 @@ def job_kannolo(sc: Scale) -> dict:
     from ...indexes.kannolo import KannoloSearcher
 
     st = sc.settings
-    q, D, doc_ids, exact, df = _sparse_job_inputs(sc)
-    rows = Rows(sc, q, doc_ids, D.shape[0], exact)
-    ndocs = D.shape[0]
-    del D
-    gc.collect()
+    q, df, rows = lean_job_inputs(sc)
+    ndocs = rows.ndocs
     k0, nw, metas = min(sc.ks), len(sc.warm), {}
     builds = ([("flat", 0)] if st["kannolo_flat"] else []) + [("hnsw", m) for m in st["kannolo_m"]]
     for kind, m in builds:
