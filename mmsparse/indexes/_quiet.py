@@ -49,3 +49,22 @@ def _restore(saved: list[int]) -> None:
             os.close(dup)
     saved[:] = [-1, -1]
 
+
+
+@contextlib.contextmanager
+def captured_fds() -> Iterator[list[str]]:
+    """Like quiet_fds, but the text written to fds 1 and 2 is appended to the yielded list on exit
+    (engines that report figures on stderr, e.g. BMP's own search timer)."""
+    out: list[str] = []
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with tempfile.TemporaryFile(mode="w+b") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            yield out
+        finally:
+            _restore(saved)
+            log.seek(0)
+            out.append(log.read().decode("utf-8", "replace"))
