@@ -11,10 +11,10 @@ Integer weights (BMP's own types, src/index and src/search.rs): document weights
 weights integers 1..32 (MAX_TERM_WEIGHT; mmsparse hands BMP rint(w x 32 / max w), dropping terms
 that round to 0, where BMP's own ceil would lift every small weight to 1), scores are summed
 in u16 *without* overflow checks. So a document weight w is stored as rint(w x s), with
-s = min((2^bits - 1) / max w, (65535 / 33 - 0.5 x max terms) / max L1): the second bound keeps
-every possible score below 2^16 (a score is at most 33 x the document's integer L1 norm); the
-metadata records which bound set s. Scores come back as BMP's integer / (s x 32 / max query w),
-an approximation of <q, d>.
+s = min((2^bits - 1) / max w, the largest s keeping every document's integer L1 norm <= 65535 / 33):
+the second bound keeps every possible score below 2^16 (a score is at most 33 x the document's
+integer L1 norm); the metadata records which bound set s. Scores come back as BMP's integer /
+(s x 32 / max query w), an approximation of <q, d>.
 
 Layout of INDEX_DIR:
   mmsparse.json   metadata (meta.py): quantisation, settings
@@ -59,7 +59,10 @@ U16_MAX, U16_TERMS = 65535, 65536
 def _scale(max_w: float, max_l1: float, max_terms: int, bits: int) -> tuple[float, str]:
     """(document scale, the bound that set it): 'bits' or 'u16-score' (see the module docstring)."""
     by_bits = (2 ** bits - 1) / max_w
-    by_u16 = (U16_MAX / QUERY_WEIGHT_BOUND - 0.5 * max_terms) / max_l1
+    # a document's integer L1 norm is at most s x L1 + 0.5 x its terms (rounding), and at most
+    # 2 x s x L1 (rint(x) <= 2x for x >= 0.5, and weights below 0.5 round to 0)
+    room = U16_MAX / QUERY_WEIGHT_BOUND
+    by_u16 = max((room - 0.5 * max_terms) / max_l1, room / (2 * max_l1))
     return (by_bits, "bits") if by_bits <= by_u16 else (by_u16, "u16-score")
 
 
@@ -114,6 +117,8 @@ def build_bmp_index(src: str | Path, out_dir: str | Path, quant_bits: int = 8, b
             dropped += int((q.data == 0).sum())
             q.eliminate_zeros()
             kept += q.nnz
+            if q.nnz and np.asarray(q.sum(axis=1)).max() * QUERY_WEIGHT_BOUND > U16_MAX:   # _scale's bound
+                raise InputError(f"{src}: a document's integer weights sum past BMP's 16-bit scores; lower --bmp-bits")
             terms, w = internal[q.indices].tolist(), q.data.astype(np.int64).tolist()
             for i in range(q.shape[0]):
                 a, b = q.indptr[i], q.indptr[i + 1]
