@@ -132,17 +132,21 @@ def test_bmp_scale_keeps_scores_below_2_16(tmp_path):
 
 def test_bmp_builds_documents_of_thousands_of_terms(tmp_path):
     """4,500 terms a document (a head far from sparse): the rounding slack alone would exceed the
-    16-bit bound; the scale takes the other bound, the build works (most weights then round to 0:
-    BMP's 16-bit scores do not fit such documents, the metadata says how many) and search answers."""
+    16-bit bound; the scale takes the other bound, the small weights round to 0 (the metadata says
+    how many) and search answers; documents whose weights all round to 0 are refused in one line."""
     rng = np.random.default_rng(3)
     m = sp.random(12, 5000, density=0.9, random_state=4, format="csr", dtype=np.float32)
-    m.data = (0.2 + rng.random(m.nnz)).astype(np.float32)
+    m.data = np.where(rng.random(m.nnz) < 0.01, 3 + rng.random(m.nnz), 0.01).astype(np.float32)
     _write(tmp_path / "d.h5", m)
     meta = build_bmp_index(tmp_path / "d.h5", tmp_path / "b")
-    assert meta["quantization"]["bound"] == "u16-score" and meta["quantization"]["scale"] > 0
-    assert 0 < meta["dropped_postings"] < m.nnz
+    assert meta["quantization"]["bound"] == "u16-score" and 0 < meta["dropped_postings"] < m.nnz
     res = open_index(tmp_path / "b").search(m[:3], 3)
-    assert len(res) == 3 and all(len(r) <= 3 for r in res)
+    assert [r[0][0] for r in res] == [0, 1, 2]   # each document's own row first
+    m.data[:] = 0.5
+    _write(tmp_path / "flat.h5", m)
+    with pytest.raises(InputError, match="too many terms for BMP"):
+        build_bmp_index(tmp_path / "flat.h5", tmp_path / "b2")
+    assert not (tmp_path / "b2").exists()
 
 
 def test_bmp_guards_its_panics(tmp_path):

@@ -30,7 +30,10 @@ are given to BMP, under consecutive internal ids: BMP stores term ids as u16).
 One case of BMP's own code is guarded: when no block's bound exceeds the initial threshold (the
 largest k-th weight of the query's lists times the term's weight, e.g. a one-term query whose
 list's top 10 all hold the largest weight) BMP panics; such queries are recognised beforehand and
-scored exactly on forward.h5 instead (counted in `searcher.fallbacks`).
+scored exactly on forward.h5 instead (counted in `searcher.fallbacks`). BMP also never scores the
+last block of its visiting order (src/search.rs scores a block when it takes the next one): in a
+large collection that is the lowest-bound candidate block, but with a single candidate block (a tiny
+collection) BMP returns nothing, and those queries are scored exactly too.
 """
 
 from __future__ import annotations
@@ -130,6 +133,9 @@ def build_bmp_index(src: str | Path, out_dir: str | Path, quant_bits: int = 8, b
                 tmax[j] = max(tmax[j], int(c.data[a:b].max()))
             if progress:
                 progress(s + q.shape[0])
+        if kept == 0:
+            raise InputError(f"{src}: every weight rounds to 0 at the scale BMP's 16-bit scores allow ({scale:.3g}): "
+                             "its documents hold too many terms for BMP; use PISA or Seismic")
         kth = np.zeros((len(df), 3), dtype=np.int64)
         for j in np.flatnonzero(df > 0):   # in internal id order: BMP numbers terms as they are added
             # (a term whose weights all round to 0 keeps its internal id, with no postings)
@@ -219,6 +225,9 @@ class BmpSearcher(ForwardVectors):
             return self._exact(idx, w, k)
         docs, scores = self.index.search(dict(zip([self._tokens[j] for j in idx.tolist()], q.tolist())),
                                          k, self.alpha, self.beta)
+        if not docs:   # BMP never scores the last block it visits: with one candidate block, nothing
+            self.fallbacks += 1
+            return self._exact(idx, w, k)
         return (np.fromiter(map(int, docs), dtype=np.int64, count=len(docs)),
                 np.asarray(scores, dtype=np.float64) / (self.scale * MAX_QUERY_WEIGHT / top))
 
