@@ -198,12 +198,19 @@ class BmpSearcher(ForwardVectors):
         self.fallbacks = 0
 
     def _panics(self, idx: np.ndarray, qint: np.ndarray, k: int) -> bool:
-        """Whether BMP would find no block above its initial threshold (module docstring): true
-        only if no kept term's largest weight x its query weight beats max(k-th weight x weight)."""
-        order = np.argsort(-qint, kind="stable")[:int(np.ceil(len(qint) * self.beta))]
+        """Whether BMP might find no block above its initial threshold (module docstring). BMP keeps
+        the ceil(n x beta) largest query weights, ties in any order: a term is surely kept when its
+        weight beats the cut-off, possibly kept when it equals it. Safe only if a surely kept term's
+        largest weight x its query weight beats max(k-th weight x weight) over the possibly kept."""
+        n_keep = int(np.ceil(len(qint) * self.beta))
+        cut = np.sort(qint)[::-1][n_keep - 1]
+        sure, maybe = qint > cut, qint >= cut
+        if n_keep == len(qint):
+            sure = maybe
         col = int(k > 10) + int(k > 100) + int(k > 1000)
-        kth = self._kth[idx[order], col] if col < 3 else np.zeros(len(order), dtype=np.int64)
-        return bool((self._max[idx[order]] * qint[order]).max() <= (kth * qint[order]).max())
+        kth = self._kth[idx, col] if col < 3 else np.zeros(len(idx), dtype=np.int64)
+        top = (self._max[idx] * qint)[sure]
+        return not len(top) or bool(top.max() <= (kth * qint)[maybe].max())
 
     def search_one(self, indices: np.ndarray, weights: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-k of one query (term ids [n] int, weights [n] float32): (doc rows int64, scores
