@@ -395,7 +395,9 @@ def test_bench_harness_small(tmp_path):
           "--query-min-weight", "0.2", "--query-bits", "6", "--prune-algorithms", "maxscore",
           "--pisa-algorithms", "block_max_wand", "--build-threads", "1", "--dense-synthetic", "gaussian"])
     main(["--work", str(tmp_path), "--heads", "d2s,if", "--scales", "flickr8k", "--ks", "10,100",
-          "--jobs", "exhaustive,pisa,pisa-levers,seismic,seismic-levers,faiss-flat,faiss-hnsw",
+          "--jobs", "exhaustive,pisa,pisa-levers,seismic,seismic-levers,bmp,kannolo,faiss-flat,faiss-hnsw",
+          "--bmp-blocks", "8", "--bmp-alphas", "1.0,0.5", "--bmp-betas", "1.0", "--kannolo-m", "8",
+          "--kannolo-efc", "50", "--kannolo-ef", "8,64",
           "--queries", "flickr8k:25", "--warmup", "2", "--ef-search", "16,128", "--candidates", "20,1000",
           "--query-top-n", "5", "--query-min-weight", "0.2", "--query-bits", "6", "--prune-algorithms",
           "maxscore", "--pisa-algorithms", "block_max_wand,ranked_or_taat", "--seismic-cuts", "10",
@@ -435,6 +437,9 @@ def test_bench_harness_small(tmp_path):
         r = got[key]
         assert r["p50_ms"] > 0 and r["p99_ms"] >= r["p50_ms"] and r["qps_2t"] > 0 and r["rss_mb"] > 0, key
     assert got[("flickr8k", "pisa", "exp block_max_wand", 10)]["overlap@10"] >= 0.95  # exact up to 8-bit quantisation
+    assert got[("flickr8k", "kannolo", "flat", 10)]["overlap@10"] >= 0.99   # exhaustive on float weights
+    assert got[("flickr8k", "bmp", "block=8 a=1.0 b=1.0", 10)]["overlap@10"] >= 0.95   # exact on integer weights
+    assert got[("flickr8k", "kannolo", "M=8 ef=64", 10)]["build"] == {"index_type": "hnsw", "m": 8}
     assert got[("flickr8k", "pisa", "exp block_max_wand", 10)]["build_rss_mb"] > 0
     assert got[("synthetic-300", "pisa", "exp block_max_wand", 10)]["R@10"] is None
     meta = json.loads((bench / "search.meta.json").read_text())
@@ -616,6 +621,33 @@ def test_goals_of_issue_25():
     assert slow_dense["endtoend_123k"]["met"] is False                      # 0.8 ms but only 6x faster
     assert goals([r for r in rows if r["overlap@10"] < 0.95])["endtoend_123k"]["met"] is False
     assert goals([])["endtoend_123k"].get("met") is None and goals([])["search_123k"]["sparse"] is None
+
+
+def test_edges_and_ratios_of_issue_50():
+    """edges(): each engine's fastest row at overlap@10 >= 0.95, its ratio to the fastest HNSW row,
+    and whether a faster setting was measured below the overlap (a measured edge) or not (the
+    grid's corner); ratio_goals(): issue 50's three ratios, met or not."""
+    from mmsparse.bench.search import edges, ratio_goals
+
+    def row(engine, mode, p50, ov, qm="expand", head="d2s", e2e=False):
+        return {"scale": "1m", "k": 10, "head": head, "query_mode": qm, "engine": engine, "mode": mode,
+                "p50_ms": p50, "overlap@10": ov, "R@10": 5.0, "endtoend": e2e}
+    rows = [row("faiss-hnsw", "ef=96", 0.40, 0.95, "dense", None), row("faiss-hnsw", "ef=80", 0.35, 0.94, "dense", None),
+            row("seismic", "qc=2 hf=1.2", 0.50, 0.96), row("seismic", "qc=1 hf=1.5", 0.30, 0.90),
+            row("bmp", "block=32 a=1.0 b=1.0", 0.70, 0.99),   # the fastest BMP row holds: the grid's corner
+            row("bmp", "block=32 a=1.0 b=1.0", 0.35, 0.97, "inference-free", "if"),
+            row("faiss-hnsw", "ef=96", 9.0, 0.95, "dense", None, True),
+            row("bmp", "block=32 a=1.0 b=1.0", 1.5, 0.97, "inference-free", "if", True)]
+    e = {(r["head"], r["engine"]): r for r in edges(rows, "1m")}
+    assert e[("d2s", "seismic")]["mode"] == "qc=2 hf=1.2" and e[("d2s", "seismic")]["x_hnsw"] == 1.25
+    assert e[("d2s", "seismic")]["edge"].startswith("measured: qc=1 hf=1.5") and "0.9" in e[("d2s", "seismic")]["edge"]
+    assert e[("d2s", "bmp")]["edge"].startswith("grid corner")
+    assert e[(None, "faiss-hnsw")]["mode"] == "ef=96" and e[(None, "faiss-hnsw")]["edge"].startswith("measured")
+    g = ratio_goals(rows, "1m")
+    assert (g["expand_vs_hnsw"]["ratio"], g["expand_vs_hnsw"]["met"]) == (1.25, True)
+    assert (g["inference_free_vs_hnsw"]["ratio"], g["inference_free_vs_hnsw"]["met"]) == (0.87, True)
+    assert g["endtoend_inference_free_vs_dense"]["ratio"] == 0.167 and g["endtoend_inference_free_vs_dense"]["met"]
+    assert ratio_goals([], "1m")["expand_vs_hnsw"].get("met") is None
 
 
 def exact_dense_np(x, qv, k):

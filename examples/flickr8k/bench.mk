@@ -17,10 +17,12 @@
 #                          alone, the mixture check sample and 1m, all sparsified by that head
 #   make bench-search      the search benchmark on every head of BENCH_HEADS: the search-only jobs per head on its
 #                          own sparse collections (sparsified from the same dense ones by `mmsparse sparsify`
-#                          below), the dense jobs once, the end-to-end job (caption text in, top-10 image ids out,
-#                          encoder included) for dense and each head's query modes: $(BENCH)/search.json (+ .md,
-#                          .meta.json) and $(BENCH)/frontier.png; results per head in $(BENCH)/HEAD/SCALE, dense in
-#                          $(BENCH)/dense/SCALE; indexes are kept and reused
+#                          below: exhaustive, PISA, Seismic, BMP, kANNolo, each over a grid of its settings that
+#                          runs past overlap@10 0.95), the dense jobs once (Faiss Flat, HNSW at efSearch 10-512), the end-to-end job (caption text in, top-10 image ids out,
+#                          encoder included) for dense and each head's query modes: $(BENCH)/search.json (+ .md:
+#                          first every engine's fastest setting at overlap@10 >= 0.95 per scale, .meta.json: the
+#                          goals, issue 50's ratios to HNSW) and $(BENCH)/frontier.png; results per head in
+#                          $(BENCH)/HEAD/SCALE, dense in $(BENCH)/dense/SCALE; indexes are kept and reused
 #   make bench-synthetic   the labelled stress test: synthetic collections with independently placed terms
 #                          ($(BENCH)/HEAD/synthetic-N, frontier-synthetic.png)
 #   make bench-train       $(WORK)/bench/train-head.json (+ .md): train-head step time vs the bare vocabulary

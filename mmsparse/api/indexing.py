@@ -1,4 +1,4 @@
-"""`build_index`: an HDF5 collection -> an index directory (PISA, Seismic, Faiss or Milvus)."""
+"""`build_index`: an HDF5 collection -> an index directory (PISA, Seismic, BMP, kANNolo, Faiss or Milvus)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from .. import provenance
 from ..errors import InputError
 from ..progress import Reporter, reporter
 
-ENGINES = {"pisa": ("sparse",), "seismic": ("sparse",), "faiss": ("dense",), "milvus": ("sparse", "dense")}
+ENGINES = {"pisa": ("sparse",), "seismic": ("sparse",), "bmp": ("sparse",), "kannolo": ("sparse",), "faiss": ("dense",),
+           "milvus": ("sparse", "dense")}
 
 
 @provenance.recorded("input", "dense")
@@ -18,14 +19,15 @@ def build_index(input: str | Path, *, out: str | Path, engine: str = "auto", thr
                 query_algorithm: str = "block_max_wand", hnsw: bool = False, hnsw_m: int = 32,
                 ef_construction: int = 200, ef_search: int = 128, seismic_postings: int = 4000,
                 seismic_centroid_fraction: float = 0.1, seismic_summary_energy: float = 0.4,
-                weighting: str = "none", bm25_k1: float = 1.5, bm25_b: float = 0.75,
+                bmp_bits: int = 8, bmp_block_size: int = 32, bmp_compress_range: bool = False,
+                kannolo_index: str = "hnsw", weighting: str = "none", bm25_k1: float = 1.5, bm25_b: float = 0.75,
                 dense: str | Path | None = None, uri: str = "", token: str = "", collection: str = "",
                 milvus_algorithm: str = "auto", milvus_drop_ratio_build: float = 0.0, batch_size: int = 1000,
                 timeout: float = 30.0, progress: Reporter | None = None) -> Path:
     """Index the sparse or dense HDF5 collection `input` into the directory `out`; returns `out`.
 
-    engine: auto (PISA for a sparse file, Faiss for a dense one), pisa | seismic (sparse),
-    faiss (dense), milvus (sparse and/or dense; `dense` adds the dense vectors of the same
+    engine: auto (PISA for a sparse file, Faiss for a dense one), pisa | seismic | bmp | kannolo
+    (sparse), faiss (dense), milvus (sparse and/or dense; `dense` adds the dense vectors of the same
     documents to a sparse collection for dense and hybrid search).
     PISA: document weights w are stored as integers rint(w * s), s = (2^quant_bits - 1) / max w;
     index_encoding / block_size / query_algorithm as PISA's own options.
@@ -33,6 +35,10 @@ def build_index(input: str | Path, *, out: str | Path, engine: str = "auto", thr
     hnsw_m built with beam ef_construction, queried with beam ef_search.
     Seismic: seismic_postings per term, seismic_centroid_fraction blocks per list length,
     seismic_summary_energy of a block's L1 mass in its summary.
+    BMP: document weights as integers of bmp_bits (1..8) bits, blocks of bmp_block_size documents
+    (1..256), bmp_compress_range stores the block maxima sparsely (mmsparse/indexes/bmp.py).
+    kANNolo: kannolo_index hnsw (a graph over the sparse vectors: hnsw_m neighbours per node,
+    built with beam ef_construction) or flat (exhaustive, exact).
     weighting="bm25" (sparse): the engine indexes Okapi BM25 weights of the stored term
     frequencies (BM25-V eq. 1/2/9, k1=bm25_k1, b=bm25_b); queries then count as binary terms.
     Milvus: uri/token of a server (empty: Milvus Lite under out/milvus.db), collection (the
@@ -40,7 +46,7 @@ def build_index(input: str | Path, *, out: str | Path, engine: str = "auto", thr
     DAAT_WAND), milvus_drop_ratio_build (fraction of each document's smallest weights not
     indexed), batch_size documents per insert call, timeout seconds to connect and for each
     Milvus call (a server that does not answer within it is an InputError). See docs/milvus.md.
-    threads: indexing threads (PISA, Seismic, Faiss).
+    threads: indexing threads (PISA, Seismic, kANNolo, Faiss; BMP builds on one).
 
     The directory appears (or is replaced) only when the build succeeds; a Milvus rebuild swaps
     the collection the same way (new collection, then the alias). Raises InputError for bad
@@ -58,7 +64,7 @@ def build_index(input: str | Path, *, out: str | Path, engine: str = "auto", thr
     if engine == "auto":
         engine = "pisa" if fmt == "sparse" else "faiss"
     if engine not in ENGINES:
-        raise InputError(f"--engine {engine!r} unknown; choose auto, pisa, seismic, faiss or milvus")
+        raise InputError(f"--engine {engine!r} unknown; choose auto, pisa, seismic, bmp, kannolo, faiss or milvus")
     if fmt not in ENGINES[engine]:
         raise InputError(f"{input}: is a {fmt} file but --engine {engine} indexes {ENGINES[engine][0]} files")
     if dense is not None and engine != "milvus":
@@ -87,6 +93,14 @@ def build_index(input: str | Path, *, out: str | Path, engine: str = "auto", thr
             meta = build_seismic_index(src, out, n_postings=seismic_postings,
                                        centroid_fraction=seismic_centroid_fraction,
                                        summary_energy=seismic_summary_energy, threads=threads, progress=done)
+        elif engine == "bmp":
+            from ..indexes.bmp import build_bmp_index
+            meta = build_bmp_index(src, out, quant_bits=bmp_bits, block_size=bmp_block_size,
+                                   compress_range=bmp_compress_range, progress=done)
+        elif engine == "kannolo":
+            from ..indexes.kannolo import build_kannolo_index
+            meta = build_kannolo_index(src, out, index_type=kannolo_index, m=hnsw_m, ef_construction=ef_construction,
+                                       ef_search=ef_search, threads=threads, progress=done)
         elif engine == "milvus":
             from ..indexes.milvus import build_milvus_index
             meta = build_milvus_index(src, out, dense=dense, uri=uri, token=token, collection=collection,
@@ -107,10 +121,14 @@ def build_index(input: str | Path, *, out: str | Path, engine: str = "auto", thr
 def summary(meta: dict, out: Path) -> str:
     """The one line `mmsparse index` prints: documents, directory, engine details, build time."""
     extra = ""
-    if meta["kind"] == "pisa":
+    if meta["kind"] in ("pisa", "bmp"):
         extra = f", {meta['postings']} postings, scale {meta['quantization']['scale']:.4g}"
         if meta["dropped_postings"]:
             extra += f", {meta['dropped_postings']} weights rounded to 0 and dropped"
+    elif meta["kind"] == "kannolo":
+        st = meta["settings"]
+        extra = f" {st['index_type']}" + (f", M={st['hnsw_m']} efConstruction={st['ef_construction']}"
+                                          if st["index_type"] == "hnsw" else "")
     elif meta["kind"] == "milvus":
         m = meta["milvus"]
         extra = (f" {'+'.join(meta['fields'])}, collection {m['collection']} (alias {m['alias']}) on "

@@ -26,7 +26,7 @@ def search(index_dir: str | Path, queries: str | Path, *, out: str | Path, k: in
            batch_size: int = 1000, tag: str = "", mode: str = "single", query_top_n: int = 0,
            min_weight: float = 0.0, force: bool = False, first_stage: str | Path | None = None,
            candidates: int = 1000, query_algorithm: str = "", query_bits: int = 8, heap_factor: float = 0.7,
-           query_cut: int = 10, ef_search: int = 0, dense_queries: str | Path | None = None, fusion: str = "rrf",
+           query_cut: int = 10, bmp_alpha: float = 1.0, bmp_beta: float = 1.0, ef_search: int = 0, dense_queries: str | Path | None = None, fusion: str = "rrf",
            rrf_k: int = 60, sparse_weight: float = 0.5, dense_weight: float = 0.5,
            milvus_drop_ratio_search: float = 0.0, token: str = "", timeout: float = 30.0,
            exclude_self: bool = False, rerank_dense: Sequence[str | Path] | None = None, rerank_k: int = 100,
@@ -48,8 +48,11 @@ def search(index_dir: str | Path, queries: str | Path, *, out: str | Path, k: in
     queries), or for a Milvus index sparse | dense | hybrid (sparse QUERIES fused with
     `dense_queries` by `fusion`: rrf with constant rrf_k, or weighted with sparse_weight and
     dense_weight; each route fetches `candidates`). query_top_n / min_weight prune sparse
-    queries first (largest weights kept). query_algorithm / query_bits: PISA; heap_factor /
-    query_cut: Seismic; ef_search: HNSW beam (Faiss, Milvus); milvus_drop_ratio_search:
+    queries first (largest weights kept), for every engine. query_algorithm / query_bits: PISA;
+    heap_factor / query_cut: Seismic (a block is skipped when its summary scores below heap_factor
+    x the k-th score so far: above 1 skips more, faster, less exact); bmp_alpha / bmp_beta: BMP
+    (blocks scored while alpha x their bound beats the k-th score; the share of query terms kept);
+    ef_search: HNSW beam (Faiss, kANNolo, Milvus); milvus_drop_ratio_search:
     fraction of each sparse query's smallest weights Milvus ignores; token: Milvus server token;
     timeout: seconds to connect to Milvus and for each Milvus call.
     exclude_self drops each query's own id (image-to-image); rerank_dense reranks the first
@@ -77,7 +80,8 @@ def search(index_dir: str | Path, queries: str | Path, *, out: str | Path, k: in
     else:
         text, fmt = _text_queries(index_dir, queries, head, rep), "sparse"
     if mode not in MODES:
-        raise InputError(f"--mode {mode!r} unknown; choose single or two-stage (pisa, seismic, faiss), or sparse, "
+        raise InputError(f"--mode {mode!r} unknown; choose single or two-stage (pisa, seismic, bmp, kannolo; single "
+                         "for faiss), or sparse, "
                          "dense or hybrid (milvus)")
     if mode != "two-stage" and first_stage is not None:
         raise InputError("--first-stage is only used with --mode two-stage")
@@ -100,7 +104,8 @@ def search(index_dir: str | Path, queries: str | Path, *, out: str | Path, k: in
                              f"{route} vectors ({meta.get('source', '?')}); pass {route} queries or a "
                              f"{'faiss' if route == 'sparse' else 'pisa'} index")
         if mode == "two-stage" and (kind not in SPARSE_KINDS or first_stage is None):
-            raise InputError("--mode two-stage needs a sparse (pisa or seismic) index and --first-stage QUERIES_CT.h5")
+            raise InputError("--mode two-stage needs a sparse (pisa, seismic, bmp or kannolo) index and --first-stage "
+                             "QUERIES_CT.h5")
     if route == "dense" and (query_top_n or min_weight or query_algorithm):
         raise InputError("--query-top-n, --min-weight and --query-algorithm apply to sparse queries; "
                          f"this search uses dense ones ({kind} index)")
@@ -119,6 +124,10 @@ def search(index_dir: str | Path, queries: str | Path, *, out: str | Path, k: in
         options = {"query_algorithm": query_algorithm or None, "query_bits": query_bits}
     elif kind == "seismic":
         options = {"heap_factor": heap_factor, "query_cut": query_cut}
+    elif kind == "bmp":
+        options = {"alpha": bmp_alpha, "beta": bmp_beta}
+    elif kind == "kannolo":
+        options = {"ef_search": ef_search or None}
     elif kind == "milvus":
         options = {"token": token, "drop_ratio_search": milvus_drop_ratio_search, "ef_search": ef_search,
                    "timeout": timeout}

@@ -7,27 +7,31 @@ from typing import List, Optional
 
 import typer
 
-PISA, SEISMIC, FAISS, MILVUS, TWO, BM25V = ("PISA options", "Seismic options", "Faiss options", "Milvus options",
-                                            "Two-stage", "BM25-V rerank")
+PISA, SEISMIC, BMP, FAISS, MILVUS, TWO, BM25V = ("PISA options", "Seismic options", "BMP options",
+                                                 "HNSW options (Faiss, kANNolo, Milvus)", "Milvus options",
+                                                 "Two-stage", "BM25-V rerank")
 
 
 def main(
     index_dir: Path = typer.Argument(..., help="Index directory made by `mmsparse index`."),
-    queries: Path = typer.Argument(..., help="Query HDF5: sparse for a PISA/Seismic index, dense for Faiss; "
+    queries: Path = typer.Argument(..., help="Query HDF5: sparse for a PISA/Seismic/BMP/kANNolo index, dense for "
+                                   "Faiss; "
                                    "either for Milvus. For the index of an inference-free head also query text, "
                                    "encoded on the fly by the head's term-weight table (no model): a .tsv "
                                    "(id<TAB>text per line) or .txt (one query per line, ids = line numbers)."),
     out: Path = typer.Option(..., "-o", "--out", help="TREC run file to write."),
     k: int = typer.Option(1000, "--k", min=1, help="Results per query."),
-    threads: int = typer.Option(1, min=1, help="Search threads (PISA, Seismic, Faiss)."),
+    threads: int = typer.Option(1, min=1, help="Search threads (PISA, Seismic, kANNolo, Faiss; BMP searches on one)."),
     batch_size: int = typer.Option(1000, min=1, help="Queries per search call (progress granularity)."),
     tag: str = typer.Option("", help="Run tag (6th TREC column); default mmsparse-<index kind>."),
-    mode: str = typer.Option("single", help="single: search with QUERIES directly. two-stage (PISA, Seismic): "
+    mode: str = typer.Option("single", help="single: search with QUERIES directly. two-stage (sparse indexes): "
                              "the index over --first-stage queries for --candidates documents, then exact "
                              "re-scoring of those with the full QUERIES vectors (sparse inner product). "
                              "Milvus: sparse, dense or hybrid (sparse QUERIES fused with --dense-queries)."),
-    query_top_n: int = typer.Option(0, min=0, help="Sparse: keep only each query's N largest weights "
-                                    "before searching; in two-stage mode, of the first-stage queries (0 = keep all)."),
+    query_top_n: int = typer.Option(0, min=0, help="Sparse, every engine: keep only each query's N largest "
+                                    "weights before searching (terms); in two-stage mode, of the first-stage queries "
+                                    "(0 = keep all). Fewer postings read, at some overlap with the full query's "
+                                    "ranking (docs/search-benchmark.md)."),
     min_weight: float = typer.Option(0.0, min=0.0, help="Sparse: drop query weights below this value "
                                      "(same units as the stored weights) before searching (0 = keep all)."),
     force: bool = typer.Option(False, "--force", help="Search even when the queries' recorded backbone, model, "
@@ -44,11 +48,18 @@ def main(
     query_bits: int = typer.Option(8, min=1, max=16, help="Each query is scaled so its largest weight becomes "
                                    "2^bits-1 and rounded to integers (bits; PISA repeats a term weight times, so "
                                    "query cost grows with 2^bits).", rich_help_panel=PISA),
-    heap_factor: float = typer.Option(0.7, min=0.0, max=1.0, help="Block pruning factor heap_factor in (0, 1]; "
-                                      "higher skips fewer blocks (more exact, slower).", rich_help_panel=SEISMIC),
-    query_cut: int = typer.Option(10, min=1, help="Query terms used to select blocks (query_cut).",
-                                  rich_help_panel=SEISMIC),
-    ef_search: int = typer.Option(0, min=0, help="HNSW query beam width efSearch in nodes (Faiss, Milvus dense; "
+    heap_factor: float = typer.Option(0.7, min=0.0, help="A block is skipped when its summary's score is below "
+                                      "heap_factor x the k-th best score so far (a ratio, > 0): higher skips more "
+                                      "blocks (faster, less exact); above 1 is allowed.", rich_help_panel=SEISMIC),
+    query_cut: int = typer.Option(10, min=1, help="Query terms, largest weights first, whose posting lists are "
+                                  "scanned (query_cut, terms).", rich_help_panel=SEISMIC),
+    bmp_alpha: float = typer.Option(1.0, "--bmp-alpha", min=0.0, max=1.0, help="Blocks are scored while alpha x "
+                                    "their score bound beats the k-th score so far (a ratio in (0, 1]; 1 = exact on "
+                                    "the integer weights, lower stops earlier and may return fewer than k).",
+                                    rich_help_panel=BMP),
+    bmp_beta: float = typer.Option(1.0, "--bmp-beta", min=0.0, max=1.0, help="Share of each query's terms kept, "
+                                   "largest weights first (a ratio in (0, 1]; 1 = all).", rich_help_panel=BMP),
+    ef_search: int = typer.Option(0, min=0, help="HNSW query beam width efSearch in nodes (Faiss, kANNolo, Milvus dense; "
                                   "0 = the index's setting; at least k is used).", rich_help_panel=FAISS),
     dense_queries: Optional[Path] = typer.Option(None, "--dense-queries", help="Dense HDF5 of the same queries "
                                                  "(same ids): the dense route of --mode hybrid, or the queries "
@@ -102,7 +113,8 @@ def main(
     search(index_dir, queries, out=out, k=k, threads=threads, batch_size=batch_size, tag=tag, mode=mode,
            query_top_n=query_top_n, min_weight=min_weight, force=force, first_stage=first_stage,
            candidates=candidates, query_algorithm=query_algorithm, query_bits=query_bits, heap_factor=heap_factor,
-           query_cut=query_cut, ef_search=ef_search, dense_queries=dense_queries, fusion=fusion, rrf_k=rrf_k,
+           query_cut=query_cut, bmp_alpha=bmp_alpha, bmp_beta=bmp_beta, ef_search=ef_search,
+           dense_queries=dense_queries, fusion=fusion, rrf_k=rrf_k,
            sparse_weight=sparse_weight, dense_weight=dense_weight,
            milvus_drop_ratio_search=milvus_drop_ratio_search, token=token, timeout=timeout, exclude_self=exclude_self,
            rerank_dense=rerank_dense, rerank_k=rerank_k, head=head, allow_dense=allow_dense, progress=RichReporter())

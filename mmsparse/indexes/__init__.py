@@ -1,4 +1,4 @@
-"""Indexes over sparse (PISA, Seismic), dense (Faiss) and sparse + dense (Milvus) collections.
+"""Indexes over sparse (PISA, Seismic, BMP, kANNolo), dense (Faiss) and sparse + dense (Milvus) collections.
 
 Every index is a directory holding the engine's files (Milvus with a server: only the
 connection) plus `mmsparse.json` (see meta.py). `open_index(dir)` returns a searcher for it
@@ -13,7 +13,7 @@ from .meta import read_meta
 
 
 def open_index(index_dir: str | Path, threads: int = 1, **options):
-    """A searcher for INDEX_DIR chosen by `mmsparse.json` kind (pisa | seismic | faiss | milvus);
+    """A searcher for INDEX_DIR chosen by `mmsparse.json` kind (pisa | seismic | bmp | kannolo | faiss | milvus);
     `options` are the engine's search settings (see each searcher). A Milvus searcher holds a
     connection: close it (`with open_index(...) as s:` or `s.close()`).
 
@@ -27,6 +27,12 @@ def open_index(index_dir: str | Path, threads: int = 1, **options):
     if kind == "seismic":
         from .seismic import SeismicSearcher
         return SeismicSearcher(index_dir, threads=threads, **options)
+    if kind == "bmp":
+        from .bmp import BmpSearcher
+        return BmpSearcher(index_dir, threads=threads, **options)
+    if kind == "kannolo":
+        from .kannolo import KannoloSearcher
+        return KannoloSearcher(index_dir, threads=threads, **options)
     if kind == "milvus":
         from .milvus import MilvusSearcher
         return MilvusSearcher(index_dir, threads=threads, **options)

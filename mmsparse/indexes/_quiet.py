@@ -16,8 +16,9 @@ from collections.abc import Iterator
 
 
 @contextlib.contextmanager
-def quiet_fds() -> Iterator[None]:
-    """Redirect fds 1 and 2 to a temporary file for the duration of the block."""
+def quiet_fds(keep: list[str] | None = None) -> Iterator[list[str] | None]:
+    """Redirect fds 1 and 2 to a temporary file for the duration of the block; with `keep`, the
+    text written there is appended to it on exit."""
     if os.environ.get("MMSPARSE_DEBUG") == "1":  # debugging: keep the engine's own logs
         yield
         return
@@ -28,7 +29,7 @@ def quiet_fds() -> Iterator[None]:
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
         try:
-            yield
+            yield keep
         except BaseException as e:
             _restore(saved)
             log.seek(0)
@@ -38,6 +39,9 @@ def quiet_fds() -> Iterator[None]:
             raise
         else:
             _restore(saved)
+            if keep is not None:
+                log.seek(0)
+                keep.append(log.read().decode("utf-8", "replace"))
 
 
 def _restore(saved: list[int]) -> None:
@@ -49,3 +53,11 @@ def _restore(saved: list[int]) -> None:
             os.close(dup)
     saved[:] = [-1, -1]
 
+
+@contextlib.contextmanager
+def captured_fds() -> Iterator[list[str]]:
+    """Like quiet_fds, but the text written to fds 1 and 2 is appended to the yielded list on exit
+    (engines that report figures on stderr, e.g. BMP's own search timer)."""
+    out: list[str] = []
+    with quiet_fds(keep=out):
+        yield out

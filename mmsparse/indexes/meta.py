@@ -1,9 +1,9 @@
 """`mmsparse.json`: what an index directory holds and how it was built.
 
-Keys: kind (pisa | seismic | faiss | milvus), format_version, source (absolute path of the HDF5
+Keys: kind (pisa | seismic | bmp | kannolo | faiss | milvus), format_version, source (absolute path of the HDF5
 it was built from), source_attrs (modality, head, backbone, model, dataset, split, ... of that
 file), num_docs, build_seconds, settings (engine options), plus kind-specific keys (quantisation
-scale for PISA, dim/metric for Faiss, connection, collection and fields for Milvus), and
+scale for PISA and BMP, dim/metric for Faiss, connection, collection and fields for Milvus), and
 provenance: mmsparse_version, command and inputs (path, kind and sha256 of the source file; see
 mmsparse/provenance.py).
 """
@@ -17,8 +17,8 @@ from ..errors import InputError, require_dir
 from ..provenance import record
 
 META_NAME = "mmsparse.json"
-KINDS = ("pisa", "seismic", "faiss", "milvus")
-SPARSE_KINDS = ("pisa", "seismic")  # sparse-only engines (Milvus holds sparse and/or dense)
+KINDS = ("pisa", "seismic", "bmp", "kannolo", "faiss", "milvus")
+SPARSE_KINDS = ("pisa", "seismic", "bmp", "kannolo")  # sparse-only engines (Milvus holds sparse and/or dense)
 # Source-file attributes worth carrying into the index metadata (when present).
 SOURCE_KEYS = ("format", "modality", "head", "method", "query_mode", "backbone", "model", "model_fingerprint",
                "dataset", "split", "normalized", "dim", "mmsparse_version", "command")

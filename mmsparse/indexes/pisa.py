@@ -42,6 +42,7 @@ from ..formats._h5 import read_strings
 from ..formats.sparse import read_sparse, to_csr, write_sparse
 from ._quiet import quiet_fds
 from .meta import read_meta, source_attrs, write_meta
+from .stream import FORWARD, ForwardVectors
 
 QUERY_ALGORITHMS = ("block_max_wand", "block_max_maxscore", "maxscore", "wand", "ranked_or",
                     "block_max_ranked_and", "ranked_and", "ranked_or_taat", "ranked_or_taat_lazy")
@@ -51,7 +52,6 @@ _CONTEXT_ALGORITHM = "block_max_wand"
 ENCODINGS = ("block_simdbp", "block_optpfor", "block_varintg8iu", "block_streamvbyte",
              "block_maskedvbyte", "block_interpolative", "block_qmx", "block_varintgb",
              "block_simple8b", "block_simple16", "ef", "single", "pefuniform", "pefopt")
-FORWARD = "forward.h5"
 PISA_DIR = "pisa"
 
 
@@ -255,7 +255,7 @@ def read_ids_vocab(path: Path) -> tuple[list[str], list[str]]:
         return read_strings(f["ids"]), read_strings(f["vocab"])
 
 
-class PisaSearcher:
+class PisaSearcher(ForwardVectors):
     """Top-k search of sparse queries over a PISA index built by `build_pisa_index`.
 
     threads: PISA query threads. query_algorithm: PISA algorithm (None: the index's default).
@@ -285,7 +285,6 @@ class PisaSearcher:
         self.ids, self.vocab = read_ids_vocab(fwd)
         self.scale = float(self.meta["quantization"]["scale"])
         self._tokens = np.array([term_token(j) for j in range(len(self.vocab))], dtype=object)
-        self._forward: sp.csr_matrix | None = None
         self._pisa = pisa_native()
         self._context = None
 
@@ -365,10 +364,3 @@ class PisaSearcher:
             s, e = cuts[i], cuts[i + 1]
             out[i] = list(zip(docs[s:e].tolist(), scores[s:e].tolist()))
         return out
-
-    @property
-    def forward(self) -> sp.csr_matrix:
-        """The indexed document vectors, CSR [N, |V|] float32 (loaded on first use)."""
-        if self._forward is None:
-            self._forward = read_sparse(self.dir / FORWARD).matrix
-        return self._forward

@@ -26,7 +26,8 @@ from ..errors import InputError
 from ..formats.sparse import read_sparse, to_csr, write_sparse
 from ._quiet import quiet_fds
 from .meta import read_meta, source_attrs, write_meta
-from .pisa import FORWARD, read_ids_vocab
+from .pisa import read_ids_vocab
+from .stream import FORWARD, ForwardVectors
 
 STEM = "seismic"
 U16_LIMIT = 65536  # SeismicIndex stores components as u16; larger vocabularies need the LV variant
@@ -120,13 +121,13 @@ def _version() -> str:
     return version("pyseismic-lsr")
 
 
-class SeismicSearcher:
+class SeismicSearcher(ForwardVectors):
     """Approximate top-k inner-product search over a Seismic index directory.
 
     query_cut: query terms (largest first) whose posting lists are scanned; heap_factor:
     a block is skipped once k results are held and its summary's dot product with the query is
-    below heap_factor x the k-th best score so far (Seismic's inverted_index.rs), so lower values
-    skip fewer blocks (slower, closer to exact); n_knn: neighbours of each result
+    below heap_factor x the k-th best score so far (Seismic's posting_list.rs), so lower values
+    skip fewer blocks (slower, closer to exact) and values above 1 skip more (faster); n_knn: neighbours of each result
     taken from the index's k-NN graph and scored too (0 = off; needs an index built with knn);
     sorted: visit the first list's blocks by decreasing summary score (pyseismic's default).
     """
@@ -149,7 +150,6 @@ class SeismicSearcher:
         if n_knn and not self.index.knn_len:
             raise InputError(f"{self.dir}: n_knn={n_knn} needs a k-NN graph; rebuild the index with knn > 0")
         self.n_knn, self.sorted = n_knn, sorted
-        self._forward = None
         self._str = None
 
     def search(self, queries: sp.csr_matrix, k: int) -> list[list[tuple[int, float]]]:
@@ -190,9 +190,3 @@ class SeismicSearcher:
                                  sorted=self.sorted)
         docs = np.fromiter((int(d) for _, _, d in hits), dtype=np.int64, count=len(hits))
         return docs, np.fromiter((s for _, s, _ in hits), dtype=np.float64, count=len(hits))
-
-    @property
-    def forward(self) -> sp.csr_matrix:
-        if self._forward is None:
-            self._forward = read_sparse(self.dir / FORWARD).matrix
-        return self._forward

@@ -37,22 +37,28 @@ JOB.json) or once for the dense side (DIR/dense/SCALE/JOB.json):
                smallest k, the --seismic-at-k settings at every k
   seismic-levers  (per head) more Seismic builds (--seismic-levers: n_postings, max_fraction,
                centroid_fraction, summary_energy, k-NN graph with n_knn, DotVByte) at --lever-scales
+  bmp          (per head) BMP (block-max pruning), one build per --bmp-blocks block size (--bmp-bits),
+               every --bmp-alphas x --bmp-betas at the smallest k
+  kannolo      (per head) kANNolo: the exhaustive SparseFlatIndex (exact check), then one sparse HNSW
+               build per --kannolo-m (--kannolo-efc), every --kannolo-ef at the smallest k (and the
+               larger k where ef >= k)
   faiss-flat   (dense) exact dense inner product (IndexFlatIP): the dense reference
   faiss-hnsw   (dense) HNSW, M --hnsw-m, efConstruction --ef-construction (200, as `mmsparse index`),
                every --ef-search at k = 10 and those >= k at larger k (max(efSearch, k) is searched)
   endtoend     (dense, then per head) a caption's text in, the top-10 image ids out, 1 thread, the
                query encoder included (endtoend.py): dense (text tower + HNSW), each query mode of
                each head (D2S: text tower + head; inference-free: the term-weight table) with PISA
-               and Seismic; configurations from the search-only rows (--e2e-*)
+               Seismic, BMP and kANNolo; configurations from the search-only rows (--e2e-*)
   milvus       (per head; only when named in --jobs) Milvus Lite: one collection with the sparse and
                the dense vectors (dense HNSW with the same M and efConstruction); sparse rows (exact
                TAAT) and dense rows at every --ef-search
 Equal footing: the same seeded query sample of the dense captions' rows for every head and
 configuration at a scale (--queries, per scale); --warmup untimed queries (outside the sample
 where the split has them) before every configuration; latency per query at 1 thread (PISA
-threads=1, Faiss omp 1, Seismic single-query call, scipy), per k for every engine including the
+threads=1, Faiss omp 1, Seismic, BMP and kANNolo single-query calls, scipy), per k for every engine including the
 exhaustive one; `qps_2t` = queries / wall time of the engine's own batch call over the sample
-with 2 threads (PISA retrieve threads=2, Seismic batch_search num_threads=2, Faiss omp 2; the
+with 2 threads (PISA retrieve threads=2, Seismic and kANNolo batch_search num_threads=2, Faiss omp
+2; BMP has no batch call of its own and gets none; the
 exhaustive scorer and the two-stage re-scoring have no threads of their own and run on a pool of
 2 Python threads); `qps_1t` = queries / summed 1-thread latency.
 Quality: R@1, R@10, RR@10 (x100) against the qrels (the original test images), S@10 (x100) the
@@ -69,7 +75,7 @@ search.meta.json (machine, collection figures, settings, goals), search.md (tabl
 
 Files: harness.py (exact top-k and quality, timing, Scale, Rows, saved results and references,
 cached indexes, child processes), one file per engine's jobs (exhaustive.py, pisa.py, seismic.py,
-faiss.py, milvus.py), endtoend.py (the end-to-end job), scales.py (what each scale and head holds,
+bmp.py, kannolo.py, faiss.py, milvus.py), endtoend.py (the end-to-end job), scales.py (what each scale and head holds,
 the synthetic collections), report.py (search.md's tables, the goals), frontier.py (the frontier
 plot), cli.py (options, the job table, main).
 """
@@ -82,11 +88,13 @@ from .harness import (Rows, Scale, _top, collection_stamp, dense_side, exact_den
 from .exhaustive import job_exhaustive
 from .pisa import job_pisa, job_pisa_levers, prune_relative
 from .seismic import job_seismic, job_seismic_levers
+from .bmp import job_bmp
+from .kannolo import job_kannolo
 from .faiss import job_faiss_flat, job_faiss_hnsw
 from .milvus import job_milvus
 from .endtoend import file_match, job_endtoend
 from .scales import DENSE, REAL_SCALES, head_query_modes, scale_spec, write_synthetic, write_synthetic_dense
-from .report import SPARSE_ENGINES, endtoend_md, goals, machine, markdown, search_md, summary
+from .report import SPARSE_ENGINES, edges, endtoend_md, goals, machine, markdown, ratio_goals, search_md, summary
 from .frontier import frontier_plot
 from .cli import DEFAULT_JOBS, JOBS, LEVER_JOBS, SIDES, collect, main, parse_args
 
@@ -96,11 +104,11 @@ __all__ = [
     "saved_rows", "scene", "time_batch", "time_queries",
     "job_exhaustive",
     "job_pisa", "job_pisa_levers", "prune_relative",
-    "job_seismic", "job_seismic_levers",
+    "job_seismic", "job_seismic_levers", "job_bmp", "job_kannolo",
     "job_faiss_flat", "job_faiss_hnsw",
     "job_milvus",
     "file_match", "job_endtoend",
     "DENSE", "REAL_SCALES", "head_query_modes", "scale_spec", "write_synthetic", "write_synthetic_dense",
-    "SPARSE_ENGINES", "endtoend_md", "frontier_plot", "goals", "machine", "markdown", "search_md", "summary",
+    "SPARSE_ENGINES", "edges", "endtoend_md", "frontier_plot", "goals", "ratio_goals", "machine", "markdown", "search_md", "summary",
     "DEFAULT_JOBS", "JOBS", "LEVER_JOBS", "SIDES", "collect", "main", "parse_args",
 ]

@@ -21,10 +21,12 @@ from .frontier import frontier_plot
 from .report import goals, machine, search_md
 from .scales import DENSE, REAL_SCALES, scale_spec
 from .seismic import job_seismic, job_seismic_levers
+from .bmp import job_bmp
+from .kannolo import job_kannolo
 
 
 JOBS = {"exhaustive": job_exhaustive, "pisa": job_pisa, "pisa-levers": job_pisa_levers, "seismic": job_seismic,
-        "seismic-levers": job_seismic_levers, "faiss-flat": job_faiss_flat, "faiss-hnsw": job_faiss_hnsw,
+        "seismic-levers": job_seismic_levers, "bmp": job_bmp, "kannolo": job_kannolo, "faiss-flat": job_faiss_flat, "faiss-hnsw": job_faiss_hnsw,
         "milvus": job_milvus, "endtoend": job_endtoend}
 # where a job runs: once per head (its sparse documents), once on the dense side, or both
 # (end to end: the dense rows once, each head's query modes per head)
@@ -100,9 +102,10 @@ def parse_args(argv=None):
     p.add_argument("--pisa-algorithms", type=_strs, default=["block_max_wand", "block_max_maxscore", "maxscore",
                    "wand", "ranked_or", "ranked_or_taat"], help="PISA algorithms run at every k (the conjunctive "
                    "ranked_and ones need every query term in a document: not top-k of <q, d>)")
-    p.add_argument("--prune-algorithms", type=_strs, default=["maxscore"],
+    p.add_argument("--prune-algorithms", type=_strs, default=["maxscore", "ranked_or_taat"],
                    help="PISA algorithms run with pruned queries")
-    p.add_argument("--query-top-n", type=_ints, default=[5, 10, 20, 40], help="expanded queries pruned to top-N")
+    p.add_argument("--query-top-n", type=_ints, default=[3, 5, 8, 10, 20, 40],
+                   help="primary queries pruned to their top-N terms (PISA, the engine without a query cut of its own)")
     p.add_argument("--query-min-weight", type=_floats, default=[0.05, 0.1, 0.2, 0.3],
                    help="expanded queries pruned to weights >= f x their largest weight")
     p.add_argument("--query-bits", type=_ints, default=[6, 4], help="PISA query quantisation bits (8 = default)")
@@ -116,9 +119,10 @@ def parse_args(argv=None):
     p.add_argument("--seismic-build", type=lambda s: dict(x.split(":", 1) for x in s.split(";") if x),
                    default=_per_scale("1m:n_postings=20000;*:n_postings=4000"),
                    help="Seismic build parameters per scale (SCALE:k=v,...; separated by ';')")
-    p.add_argument("--seismic-cuts", type=_ints, default=[3, 5, 10, 20, 40], help="Seismic query_cut values")
-    p.add_argument("--seismic-heaps", type=_floats, default=[0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0],
-                   help="Seismic heap_factor values (finer where overlap@10 crosses 0.95)")
+    p.add_argument("--seismic-cuts", type=_ints, default=[1, 2, 3, 4, 5, 10, 20], help="Seismic query_cut values")
+    p.add_argument("--seismic-heaps", type=_floats, default=[0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.5, 2.0],
+                   help="Seismic heap_factor values: a block is skipped below heap_factor x the k-th score, so "
+                   "values above 1 are the faster side")
     p.add_argument("--seismic-at-k", type=_pairs, default=[(10, 0.8), (20, 0.8), (40, 0.9)],
                    help="query_cut:heap_factor pairs also run at the larger k")
     p.add_argument("--seismic-levers", type=lambda s: [x for x in s.split(";") if x],
@@ -127,9 +131,23 @@ def parse_args(argv=None):
     p.add_argument("--lever-seismic-cuts", type=_ints, default=[5, 8, 10, 15, 20], help="query_cut values of lever builds")
     p.add_argument("--seismic-n-knn", type=_ints, default=[5, 10, 20],
                    help="n_knn values on a k-NN graph build (those <= the graph's knn)")
+    p.add_argument("--bmp-bits", type=int, default=8, help="BMP document quantisation bits (as `mmsparse index`)")
+    p.add_argument("--bmp-blocks", type=_ints, default=[8, 16, 32, 64], help="BMP block sizes (one build each)")
+    p.add_argument("--bmp-alphas", type=_floats, default=[1.0, 0.9, 0.8, 0.7, 0.6, 0.5],
+                   help="BMP alpha values (blocks scored while alpha x bound > k-th score)")
+    p.add_argument("--bmp-betas", type=_floats, default=[1.0, 0.8, 0.6, 0.4, 0.3],
+                   help="BMP beta values (share of query terms kept)")
+    p.add_argument("--kannolo-flat", action=argparse.BooleanOptionalAction, default=True,
+                   help="kANNolo's exhaustive SparseFlatIndex rows (the exact check)")
+    p.add_argument("--kannolo-m", type=_ints, default=[16, 32], help="kANNolo HNSW M values (one build each)")
+    p.add_argument("--kannolo-efc", type=int, default=200, help="kANNolo HNSW efConstruction")
+    p.add_argument("--kannolo-ef", type=_ints, default=[10, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512],
+                   help="kANNolo HNSW efSearch values")
     p.add_argument("--hnsw-m", type=int, default=32, help="Faiss HNSW M (as `mmsparse index`)")
     p.add_argument("--ef-construction", type=int, default=200, help="Faiss HNSW efConstruction (as `mmsparse index`)")
-    p.add_argument("--ef-search", type=_ints, default=[16, 32, 64, 128, 256, 512, 1024], help="HNSW efSearch values")
+    p.add_argument("--ef-search", type=_ints, default=[10, 16, 24, 32, 40, 48, 64, 80, 96, 112, 128, 160, 192, 256, 384,
+                                                        512], help="Faiss HNSW efSearch values (the same granularity "
+                   "as --kannolo-ef)")
     p.add_argument("--hnsw-max-random", type=int, default=200_000,
                    help="synthetic: skip HNSW over random unit vectors above this many documents (0 = never)")
     p.add_argument("--dense-synthetic", type=_strs, default=["random", "gaussian"], help="synthetic dense kinds")
@@ -139,6 +157,10 @@ def parse_args(argv=None):
                    "scale's --seismic-build (auto: the seismic jobs' fastest configuration with overlap@10 >= "
                    "--e2e-min-overlap on the head's primary queries, its build included, else 10:0.8; none: PISA only, "
                    "no Seismic build)")
+    p.add_argument("--e2e-bmp", default="auto", help="endtoend: BMP BLOCK:ALPHA:BETA (auto: the bmp job's fastest "
+                   "row with overlap@10 >= --e2e-min-overlap on the head's primary queries; none: no BMP rows)")
+    p.add_argument("--e2e-kannolo", default="auto", help="endtoend: kANNolo M:EF (auto: the kannolo job's fastest "
+                   "HNSW row with overlap@10 >= --e2e-min-overlap on the head's primary queries; none: no rows)")
     p.add_argument("--e2e-ef-search", default="auto", help="endtoend: HNSW efSearch (auto: the faiss-hnsw job's "
                    "fastest with overlap@10 >= --e2e-min-overlap at this scale, else 64)")
     p.add_argument("--e2e-min-overlap", type=float, default=0.95, help="endtoend: overlap@10 the auto choices need")

@@ -5,11 +5,12 @@ What one query's time holds, per query type (the encoder and the index are loade
 timing, as a server keeps them loaded; each query is encoded on its own, a batch of 1):
   dense           the backbone's text tower: tokenize, forward, projection, L2 normalisation
                   (Backbone.encode_texts) -> Faiss HNSW
-  expand          D2S: the text tower, then the D2S head on its vector (every term) -> PISA, Seismic
+  expand          D2S: the text tower, then the D2S head on its vector (every term)
   caption-terms   D2S: the same, keeping only the caption's own WordPiece terms (what `sparsify
-                  --query-mode caption-terms` keeps) -> PISA, Seismic
+                  --query-mode caption-terms` keeps)
   inference-free  the head's term-weight table (TermWeightQueryEncoder: tokenizer + table lookup;
-                  no torch is imported in that process) -> PISA, Seismic
+                  no torch is imported in that process)
+each sparse query type -> PISA, Seismic, BMP and kANNolo (the last three when chosen, below)
 then the search and the result rows' image ids. Rows: p50/p90/p99 of the total, encode_p50_ms
 (the encoder) and search_p50_ms (the rest: search + id lookup), qps_1t = 1000 / mean total ms.
 Threads: torch 1 (set before the model loads), Faiss omp 1, PISA threads=1, Seismic's
@@ -20,8 +21,10 @@ Configurations (settings e2e_*; "auto" reads the search-only rows of this scale 
 on the same collection): PISA: its fastest algorithm on the query mode (else maxscore) on the pisa
 job's index; Seismic: the fastest configuration with overlap@10 >= e2e_min_overlap on the head's
 primary queries, its build included (else query_cut 10, heap_factor 0.8 on the scale's
---seismic-build), the same for every query mode of the head; HNSW: the fastest efSearch with
-overlap@10 >= e2e_min_overlap (else 64). Each row names its choice (`choice`).
+--seismic-build), the same for every query mode of the head; BMP and kANNolo: their jobs' fastest
+row with overlap@10 >= e2e_min_overlap on the primary queries (no row: not run), or --e2e-bmp /
+--e2e-kannolo; HNSW: the fastest efSearch with overlap@10 >= e2e_min_overlap (else 64). Each row
+names its choice (`choice`).
 
 Quality: overlap@10 against the exhaustive ranking of the same encoded queries (exact float
 <q, d> over the head's sparse documents; Faiss Flat for dense), R@10 against the qrels, and
@@ -43,6 +46,8 @@ from ...errors import InputError
 from .faiss import flat_build, hnsw_build
 from .harness import (Rows, Scale, _dense_ids, _save, _sparse_docs, exact_sparse, load_queries, mode_label,
                       postings_per_query, saved_rows)
+from .bmp import bmp_build
+from .kannolo import kannolo_build
 from .pisa import pisa_default_build
 from .seismic import _seismic_build, seismic_build_params
 
@@ -192,6 +197,42 @@ def _seismic_choice(sc: Scale, saved: list[dict]) -> tuple[dict, tuple[int, floa
     return b["build"], (b["query_cut"], b["heap_factor"], b["n_knn"] or 0), f"seismic job's fastest: {b['mode']}"
 
 
+def _graph_engines(sc: Scale, saved: list[dict]) -> list[tuple[str, object, str, dict]]:
+    """(engine, search(x, k) -> rows, label, extra row fields) of BMP and kANNolo: --e2e-bmp
+    BLOCK:ALPHA:BETA / --e2e-kannolo M:EF, else the job's fastest row with overlap@10 >=
+    e2e_min_overlap on the head's primary queries (none there: the engine is left out)."""
+    from ...indexes.bmp import BmpSearcher
+    from ...indexes.kannolo import KannoloSearcher
+
+    out = []
+    for engine in ("bmp", "kannolo"):
+        want = sc.settings.get(f"e2e_{engine}", "auto")
+        if want == "none":
+            continue
+        if want != "auto":
+            a, b, *c = want.split(":")
+            build, search, why = ({"block_size": int(a)}, {"alpha": float(b), "beta": float(c[0])}, "--e2e-bmp") \
+                if engine == "bmp" else ({"index_type": "hnsw", "m": int(a)}, {"ef_search": int(b)}, "--e2e-kannolo")
+        else:
+            ok = [r for r in saved if r["engine"] == engine and r["k"] == K and r.get("query_mode") == sc.primary
+                  and r.get("build") and (r.get("overlap@10") or 0) >= sc.settings["e2e_min_overlap"]]
+            if not ok:
+                continue
+            b = min(ok, key=lambda r: r["p50_ms"])
+            build, search, why = b["build"], b["search"], f"{engine} job's fastest: {b['mode']}"
+        if engine == "bmp":
+            d, _, _ = bmp_build(sc, build["block_size"])
+            s = BmpSearcher(d, alpha=search["alpha"], beta=search["beta"])
+            label = f"block={build['block_size']} a={search['alpha']} b={search['beta']}"
+        else:
+            d, _, _ = kannolo_build(sc, build["index_type"], build.get("m") or 32)
+            s = KannoloSearcher(d, ef_search=search.get("ef_search") or 1)
+            label = "flat" if build["index_type"] == "flat" else f"M={build['m']} ef={search['ef_search']}"
+        out.append((engine, lambda x, k, s=s: s.search_one(x[0], x[1], k)[0], label,
+                    dict(build=build, search=search, choice=why, index=d.name)))
+    return out
+
+
 def _ef_choice(sc: Scale) -> tuple[int, str]:
     """(efSearch, why): --e2e-ef-search, else faiss-hnsw's fastest with overlap@10 >= the bound."""
     if sc.settings["e2e_ef_search"] != "auto":
@@ -276,6 +317,7 @@ def _sparse_rows(sc: Scale, q: dict) -> tuple[list[dict], dict]:
         seismic = (("seismic", lambda x, k: ss.search_one(x[0], x[1], k)[0],
                     f"qc={qc} hf={hf}" + (f" knn={nk}" if nk else ""),
                     dict(query_cut=qc, heap_factor=hf, n_knn=nk, build=build, choice=s_why, index=sd.name)),)
+    graphs = tuple(_graph_engines(sc, saved))
     out = []
     for mode, (encode, exact, common) in modes.items():
         rows = Rows(sc, q, doc_ids, ndocs, exact)
@@ -283,7 +325,7 @@ def _sparse_rows(sc: Scale, q: dict) -> tuple[list[dict], dict]:
         ps.query_algorithm = algo
         for engine, search, label, extra in (
                 ("pisa", lambda x, k: ps.search_one(x[0], x[1], k)[0], algo,
-                 dict(algorithm=algo, choice=p_why, index=pd.name)), *seismic):
+                 dict(algorithm=algo, choice=p_why, index=pd.name)), *seismic, *graphs):
             enc_s = np.zeros(n)
             rows.run(engine, label, K, _fn(encode, search, texts, doc_ids, enc_s),
                      _warm(encode, search, q["texts_warm"], doc_ids), split={"encode": enc_s},

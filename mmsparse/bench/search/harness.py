@@ -352,6 +352,17 @@ def _sparse_job_inputs(sc: Scale):
     return q, D, doc_ids, _read_exact(sc, "sparse"), np.bincount(D.indices, minlength=D.shape[1])
 
 
+def lean_job_inputs(sc: Scale) -> tuple[dict, np.ndarray, "Rows"]:
+    """(queries, document frequencies, an empty Rows) of a sparse job whose engine keeps its own
+    copy of the documents: the CSR matrix is dropped before the engine loads, to keep the peak RSS
+    the engine's (rows.ndocs holds the document count)."""
+    q, D, doc_ids, exact, df = _sparse_job_inputs(sc)
+    rows = Rows(sc, q, doc_ids, D.shape[0], exact)
+    del D
+    gc.collect()
+    return q, df, rows
+
+
 def _row_fn(searcher, q: sp.csr_matrix):
     def f(j, k):
         s, e = q.indptr[j], q.indptr[j + 1]
@@ -401,7 +412,8 @@ def _build_and_rss(fn, src, dst, kwargs):
 def index_bytes(index_dir: Path, kind: str, with_forward: bool = False) -> int:
     """Bytes of the files a search reads: PISA compressed index + block-max data + lexicons
     (+ forward.h5 for two-stage re-scoring); Seismic its index file (it embeds the forward
-    vectors, and the k-NN graph when built); Faiss faiss.index."""
+    vectors, and the k-NN graph when built); BMP bmp.index (inverted lists' block maxima and the
+    block-wise forward index); kANNolo kannolo.index (vectors and graph); Faiss faiss.index."""
     def size(ps):
         return int(sum(p.stat().st_size for p in ps if p.is_file()))
     if kind == "pisa":
@@ -410,6 +422,8 @@ def index_bytes(index_dir: Path, kind: str, with_forward: bool = False) -> int:
         return n + (size([index_dir / "forward.h5"]) if with_forward else 0)
     if kind == "seismic":
         return size(index_dir.glob("*.index.seismic"))
+    if kind in ("bmp", "kannolo"):
+        return size([index_dir / f"{kind}.index"])
     return size([index_dir / "faiss.index"])
 
 

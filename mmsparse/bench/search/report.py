@@ -10,7 +10,7 @@ import platform
 from pathlib import Path
 
 
-SPARSE_ENGINES = ("pisa", "two-stage", "seismic", "milvus-sparse")
+SPARSE_ENGINES = ("pisa", "two-stage", "seismic", "bmp", "kannolo", "milvus-sparse")
 
 
 def machine() -> dict:
@@ -90,6 +90,7 @@ def summary(rows: list[dict], scale: str, k: int = 10, min_overlap: float = 0.95
             out.append(_fastest([r for r in full if r.get("query_mode") == m]))
         add_families([lambda r: r["engine"] == "pisa" and r["mode"].count(" ") > 1,
                       lambda r: r["engine"] == "two-stage", lambda r: r["engine"] == "seismic",
+                      lambda r: r["engine"] == "bmp", lambda r: r["engine"] == "kannolo",
                       lambda r: r["engine"] == "milvus-sparse"], hs)
     add_families([lambda r: r["engine"] == "faiss-hnsw", lambda r: r["engine"] == "milvus-dense"],
                  [r for r in sub if r.get("head") is None or r["engine"] == "milvus-dense"])
@@ -110,14 +111,47 @@ def endtoend_md(rows: list[dict]) -> str:
     return markdown(e2e, ENDTOEND_COLUMNS) if e2e else "\n(no end-to-end rows)\n"
 
 
+EDGE_ENGINES = ("exhaustive", "pisa", "seismic", "bmp", "kannolo", "two-stage", "milvus-sparse", "faiss-flat",
+                "faiss-hnsw", "milvus-dense")
+EDGE_COLUMNS = ("head", "query_mode", "engine", "mode", "p50_ms", "p99_ms", "engine_mean_ms", "x_hnsw", "overlap@10",
+                "R@10", "postings_per_query", "build_s", "bytes_per_doc", "rss_mb", "edge")
+
+
+def edges(rows: list[dict], scale: str, k: int = 10, min_overlap: float = 0.95) -> list[dict]:
+    """Per head, query mode and engine at `scale`: its fastest search-only row with overlap@10 >=
+    min_overlap, with `x_hnsw` (its p50 over the fastest Faiss HNSW row's at that overlap) and
+    `edge`: whether a faster setting of the same engine was measured below the overlap (the
+    setting is then a measured edge) or not (the grid's corner: a faster one may still hold it)."""
+    sub = [r for r in search_only(rows) if r["scale"] == scale and r["k"] == k and "[" not in r["mode"]]
+    hn = _fastest([r for r in sub if r["engine"] == "faiss-hnsw"], min_overlap)
+    out = []
+    groups = dict.fromkeys((r.get("head"), r.get("query_mode"), r["engine"]) for r in sub
+                           if r["engine"] in EDGE_ENGINES)
+    for h, qm, eng in sorted(groups, key=lambda g: (g[0] or "~", EDGE_ENGINES.index(g[2]), g[1] or "")):
+        fam = [r for r in sub if (r.get("head"), r.get("query_mode"), r["engine"]) == (h, qm, eng)]
+        best = _fastest(fam, min_overlap)
+        if best is None:
+            continue
+        faster = [r for r in fam if r["p50_ms"] < best["p50_ms"]]
+        edge = "exact" if eng in ("exhaustive", "faiss-flat") else (
+            f"measured: {min(faster, key=lambda r: -r['overlap@10'])['mode']} is faster at overlap "
+            f"{max(r['overlap@10'] for r in faster)}" if faster else "grid corner: nothing faster measured")
+        out.append({**best, "x_hnsw": round(best["p50_ms"] / hn["p50_ms"], 2) if hn else None, "edge": edge})
+    return out
+
+
 def search_md(rows: list[dict], scales: list[str], ks: list[int], goal: dict) -> str:
-    """search.md: the search-only summary of every scale at every k, the end-to-end table, all
-    search-only rows, and the goals (JSON)."""
+    """search.md: per scale every engine's fastest setting at overlap@10 >= 0.95 (and whether that
+    is a measured edge), the search-only summary of every scale at every k, the end-to-end table,
+    all search-only rows, and the goals (JSON)."""
     so = search_only(rows)
     short = [r for s in scales for kk in sorted(ks) for r in summary(so, s, kk)]
+    edge = [r for s in scales for r in edges(so, s)]
     by_scale = sorted([r for r in rows if r.get("endtoend")], key=lambda r: scales.index(r["scale"])
                       if r["scale"] in scales else len(scales))
-    return ("## search only: summary (k = " + ", ".join(map(str, sorted(ks))) + ")\n"
+    return ("## every engine at its fastest setting with overlap@10 >= 0.95 (k = 10, 1 thread)\n"
+            + (markdown(edge, EDGE_COLUMNS) if edge else "\n(no rows)\n")
+            + "\n## search only: summary (k = " + ", ".join(map(str, sorted(ks))) + ")\n"
             + markdown(short, SUMMARY_COLUMNS + ("k",))
             + "\n## end to end: caption text in, top-10 image ids out (1 thread, encoder included)\n"
             + endtoend_md(by_scale) + "\n## search only: all rows\n" + markdown(so)
@@ -176,15 +210,41 @@ def endtoend_goal(rows: list[dict], scale: str, p50_ms: float, speedup: float | 
     return out
 
 
+def ratio_goals(rows: list[dict], scale: str, min_overlap: float = 0.95) -> dict:
+    """Issue 50's ratios at `scale` (k = 10, overlap@10 >= min_overlap each): the D2S head's
+    expanded queries' fastest sparse search over the fastest HNSW (bound 1.5), the inference-free
+    head's (bound 1), and the inference-free end-to-end p50 over dense end to end (bound 0.2)."""
+    sub = [r for r in search_only(rows) if r["scale"] == scale and r["k"] == 10]
+    hn = _fastest([r for r in sub if r["engine"] == "faiss-hnsw" and "[" not in r["mode"]], min_overlap)
+    out: dict = {"scale": scale, "hnsw": _brief(hn)}
+    for key, mode, bound in (("expand_vs_hnsw", "expand", 1.5), ("inference_free_vs_hnsw", "inference-free", 1.0)):
+        best = _fastest([r for r in sub if r["engine"] in SPARSE_ENGINES and r.get("query_mode") == mode],
+                        min_overlap)
+        out[key] = {"sparse": _brief(best), "bound": bound}
+        if best and hn:
+            out[key].update(ratio=round(best["p50_ms"] / hn["p50_ms"], 2),
+                            met=best["p50_ms"] <= bound * hn["p50_ms"])
+    e2e = [r for r in rows if r.get("endtoend") and r["scale"] == scale]
+    free = _fastest([r for r in e2e if r["query_mode"] == "inference-free"], min_overlap)
+    dense = _fastest([r for r in e2e if r["query_mode"] == "dense"])
+    out["endtoend_inference_free_vs_dense"] = {"inference_free": _brief(free), "dense": _brief(dense), "bound": 0.2}
+    if free and dense:
+        out["endtoend_inference_free_vs_dense"].update(ratio=round(free["p50_ms"] / dense["p50_ms"], 3),
+                                                       met=free["p50_ms"] <= 0.2 * dense["p50_ms"])
+    return out
+
+
 def goals(rows: list[dict]) -> dict:
     """Issue 17's and 25's goals (None where the rows are not there yet):
     search_123k / search_1m: the fastest sparse configuration at overlap@10 >= 0.95 (expanded or
     inference-free queries) within 3x Faiss HNSW's p50; endtoend_123k: inference-free end to end
     p50 <= 1 ms at overlap@10 >= 0.95 and >= 10x faster than dense end to end; endtoend_1m: p50
-    <= 3 ms; two_stage_R@10_delta: two-stage R@10 minus exhaustive R@10 per scale."""
+    <= 3 ms; two_stage_R@10_delta: two-stage R@10 minus exhaustive R@10 per scale; ratios_SCALE:
+    issue 50's ratios to HNSW and to dense end to end (ratio_goals)."""
     out = {"search_123k": search_goal(rows, "123k"), "search_1m": search_goal(rows, "1m"),
            "endtoend_123k": endtoend_goal(rows, "123k", 1.0, speedup=10.0),
-           "endtoend_1m": endtoend_goal(rows, "1m", 3.0), "two_stage_R@10_delta": {}}
+           "endtoend_1m": endtoend_goal(rows, "1m", 3.0), "two_stage_R@10_delta": {},
+           **{f"ratios_{s}": ratio_goals(rows, s) for s in ("flickr8k", "123k", "1m")}}
     so = search_only(rows)
     for s in dict.fromkeys(r["scale"] for r in so):
         e = next((r for r in so if r["scale"] == s and r["engine"] == "exhaustive" and r["k"] == 10

@@ -53,7 +53,9 @@ def scale_spec(label: str, args, nq: int, head: str | None = None) -> Scale:
                                                  "candidates",
                                                  "pisa_levers", "lever_algorithms", "seismic_build", "seismic_cuts",
                                                  "seismic_heaps", "seismic_at_k", "seismic_levers",
-                                                 "lever_seismic_cuts", "seismic_n_knn", "hnsw_m",
+                                                 "lever_seismic_cuts", "seismic_n_knn", "bmp_bits", "bmp_blocks",
+                                                 "bmp_alphas", "bmp_betas", "kannolo_flat", "kannolo_m",
+                                                 "kannolo_efc", "kannolo_ef", "e2e_bmp", "e2e_kannolo", "hnsw_m",
                                                  "ef_construction", "ef_search", "hnsw_max_random",
                                                  "e2e_pisa", "e2e_seismic", "e2e_ef_search", "e2e_min_overlap",
                                                  "model")}}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import gc
 from pathlib import Path
 
-from .harness import Rows, Scale, _cached_index, _row_fn, _save, _sparse_job_inputs, _warm_fn, index_bytes, \
+from .harness import Scale, _cached_index, _row_fn, _save, _warm_fn, index_bytes, lean_job_inputs, \
     postings_per_query
 
 
@@ -70,11 +70,7 @@ def seismic_build_params(sc: Scale) -> dict:
 def _seismic_job_inputs(sc: Scale):
     """(queries, document frequencies, an empty Rows, the scale's Seismic build parameters); the
     CSR documents are dropped before Seismic builds its own copy, to keep the peak RSS low."""
-    q, D, doc_ids, exact, df = _sparse_job_inputs(sc)
-    ndocs = D.shape[0]
-    del D
-    gc.collect()
-    return q, df, Rows(sc, q, doc_ids, ndocs, exact), seismic_build_params(sc)
+    return (*lean_job_inputs(sc), seismic_build_params(sc))
 
 
 def job_seismic(sc: Scale) -> dict:

@@ -1,0 +1,176 @@
+"""BMP and kANNolo indexes (`index --engine bmp|kannolo`) on real Flickr8k vectors (the shared
+search_setup: 100 test images sparsified by a real D2S head, their 500 captions as expanded
+queries), each against exhaustive float scoring; plus BMP's integer edge cases on seeded data."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import mmsparse
+from mmsparse.errors import InputError
+from mmsparse.formats.sparse import read_sparse, write_sparse
+from mmsparse.indexes import open_index
+from mmsparse.indexes.bmp import build_bmp_index
+from mmsparse.indexes.kannolo import build_kannolo_index
+
+
+@pytest.fixture(scope="module")
+def real(search_setup, tmp_path_factory):
+    """Documents and expanded caption queries of the real small setup, with their exact top-10."""
+    d = tmp_path_factory.mktemp("engines")
+    s = search_setup
+    caps = mmsparse.sparsify(s["head"], s["dense"] / "test-captions.h5", out=d / "caps.h5")
+    D, Q = read_sparse(s["sparse_images"]).matrix, read_sparse(caps).matrix
+    scores = (Q @ D.T).toarray()
+    exact = [_top(r, 10) for r in scores]
+    return {"dir": d, "docs": s["sparse_images"], "caps": caps, "D": D, "Q": Q, "scores": scores, "exact": exact}
+
+
+def _top(scores: np.ndarray, k: int) -> list[int]:
+    rows = np.flatnonzero(scores > 0)
+    return rows[np.lexsort((rows, -scores[rows]))][:k].tolist()
+
+
+def _overlap(res: list[list[tuple[int, float]]], exact: list[list[int]]) -> float:
+    return float(np.mean([len({r for r, _ in got[:10]} & set(e)) / len(e) for got, e in zip(res, exact) if e]))
+
+
+def test_kannolo_flat_is_exact_and_hnsw_keeps_overlap(real):
+    """kANNolo keeps the weights in 16 bits: its flat index is exact up to that rounding."""
+    flat = mmsparse.build_index(real["docs"], out=real["dir"] / "kflat", engine="kannolo", kannolo_index="flat")
+    res = open_index(flat).search(real["Q"], 10)
+    assert _overlap(res, real["exact"]) >= 0.99
+    for i, got in enumerate(res):
+        np.testing.assert_allclose([s for _, s in got], real["scores"][i, [r for r, _ in got]], rtol=2e-3)
+    hnsw = mmsparse.build_index(real["docs"], out=real["dir"] / "khnsw", engine="kannolo", hnsw_m=16,
+                                ef_construction=100, ef_search=40)
+    meta = json.loads((hnsw / "mmsparse.json").read_text())
+    assert meta["kind"] == "kannolo" and meta["settings"]["hnsw_m"] == 16 and meta["settings"]["ef_search"] == 40
+    assert meta["source_attrs"]["modality"] == "image" and meta["num_docs"] == real["D"].shape[0]
+    assert any(x.get("sha256") for x in meta["inputs"])   # the source file's fingerprint, as for PISA
+    s = open_index(hnsw)
+    assert s.ef_search == 40
+    assert _overlap(s.search(real["Q"], 10), real["exact"]) >= 0.95
+    one = [list(zip(*(a.tolist() for a in s.search_one(q.indices, q.data, 10)))) for q in real["Q"]]
+    assert [[r for r, _ in x] for x in one] == [[r for r, _ in x] for x in s.search(real["Q"], 10)]
+
+
+def test_bmp_exact_at_alpha_1_and_faster_settings_lose_little(real):
+    idx = mmsparse.build_index(real["docs"], out=real["dir"] / "bmp", engine="bmp", bmp_block_size=8)
+    meta = json.loads((idx / "mmsparse.json").read_text())
+    q = meta["quantization"]
+    assert meta["kind"] == "bmp" and meta["settings"]["block_size"] == 8 and q["bound"] in ("bits", "u16-score")
+    assert q["scale"] * q["max_weight"] <= 255.5 and q["scale"] * q["max_doc_l1"] * 33 <= 65535
+    s = open_index(idx)
+    res = s.search(real["Q"], 10)
+    assert _overlap(res, real["exact"]) >= 0.95   # integer weights: ties and rounding only
+    # scores ~ <q, d>: integer rounding of both sides (5-bit queries: this small head's expanded
+    # queries hold ~370 terms, most of them tiny, so the error is larger than on the main job's)
+    got = np.array([sc for r in res for _, sc in r])
+    want = np.array([real["scores"][i, d] for i, r in enumerate(res) for d, _ in r])
+    assert np.corrcoef(got, want)[0, 1] > 0.98 and np.median(np.abs(got / want - 1)) < 0.1
+    fast = open_index(idx, alpha=0.7, beta=0.5).search(real["Q"], 10)
+    assert 0.5 <= _overlap(fast, real["exact"]) <= _overlap(res, real["exact"])
+
+
+def test_bmp_and_kannolo_through_the_cli(real, run_cli, tmp_path):
+    for engine, flags, sflags in (("bmp", ["--bmp-block-size", "16"], ["--bmp-alpha", "1.0"]),
+                                  ("kannolo", ["--hnsw-m", "16"], ["--ef-search", "50"])):
+        code, _, err = run_cli("index", real["docs"], "-o", tmp_path / engine, "--engine", engine, *flags)
+        assert code == 0, err
+        code, _, err = run_cli("search", tmp_path / engine, real["caps"], "-o", tmp_path / f"{engine}.trec",
+                               "--k", 10, *sflags)
+        assert code == 0, err
+        lines = (tmp_path / f"{engine}.trec").read_text().splitlines()
+        assert len(lines) == 10 * real["Q"].shape[0] and lines[0].split()[5] == f"mmsparse-{engine}"
+        code, _, err = run_cli("search", tmp_path / engine, real["caps"], "-o", tmp_path / "p.trec", "--k", 10,
+                               "--query-top-n", 3)   # query-side pruning works for every engine
+        assert code == 0, err
+
+
+@pytest.mark.parametrize("args,msg", [(["--engine", "bmp", "--bmp-block-size", "300"], "--bmp-block-size"),
+                                      (["--engine", "bmp", "--bmp-bits", "9"], "--bmp-bits"),
+                                      (["--engine", "kannolo", "--kannolo-index", "ivf"], "--kannolo-index")])
+def test_bad_options_exit_2_one_line(real, run_cli, tmp_path, args, msg):
+    code, out, err = run_cli("index", real["docs"], "-o", tmp_path / "x", *args)
+    assert code == 2 and msg in err and not (tmp_path / "x").exists()
+    if "--kannolo-index" in args:   # refused by the API itself: one line
+        assert len([x for x in err.splitlines() if x.strip()]) == 1, err
+
+
+def test_dense_input_refused(search_setup, run_cli, tmp_path):
+    code, _, err = run_cli("index", search_setup["dense"] / "test-images.h5", "-o", tmp_path / "x", "--engine", "bmp")
+    assert code == 2 and "is a dense file" in err and len(err.strip().splitlines()) == 1
+
+
+def _write(path, m: sp.csr_matrix):
+    write_sparse(path, [f"d{i}" for i in range(m.shape[0])], m, [f"w{j}" for j in range(m.shape[1])],
+                 {"modality": "image", "head": "h", "query_mode": "doc"})
+
+
+def test_bmp_scale_keeps_scores_below_2_16(tmp_path):
+    """Documents with 300 terms of weight ~1 would overflow BMP's u16 scores at 8 bits; the scale
+    is lowered (bound u16-score) and the ranking stays exact."""
+    rng = np.random.default_rng(0)
+    n, v = 120, 400
+    m = sp.random(n, v, density=0.75, random_state=1, format="csr", dtype=np.float32)
+    m.data = (0.5 + rng.random(m.nnz)).astype(np.float32)
+    _write(tmp_path / "d.h5", m)
+    meta = build_bmp_index(tmp_path / "d.h5", tmp_path / "b")
+    assert meta["quantization"]["bound"] == "u16-score"
+    q = m[:5].copy()
+    exact = (q @ m.T).toarray()
+    res = open_index(tmp_path / "b").search(q, 5)
+    for i in range(5):
+        assert res[i][0][0] == int(np.argmax(exact[i]))   # its own row scores highest
+        assert res[i][0][1] == pytest.approx(exact[i].max(), rel=0.05)
+
+
+def test_bmp_builds_documents_of_thousands_of_terms(tmp_path):
+    """4,500 terms a document (a head far from sparse): the rounding slack alone would exceed the
+    16-bit bound; the scale takes the other bound, the small weights round to 0 (the metadata says
+    how many) and search answers; documents whose weights all round to 0 are refused in one line."""
+    rng = np.random.default_rng(3)
+    m = sp.random(12, 5000, density=0.9, random_state=4, format="csr", dtype=np.float32)
+    m.data = np.where(rng.random(m.nnz) < 0.01, 3 + rng.random(m.nnz), 0.01).astype(np.float32)
+    _write(tmp_path / "d.h5", m)
+    meta = build_bmp_index(tmp_path / "d.h5", tmp_path / "b")
+    assert meta["quantization"]["bound"] == "u16-score" and 0 < meta["dropped_postings"] < m.nnz
+    res = open_index(tmp_path / "b").search(m[:3], 3)
+    assert [r[0][0] for r in res] == [0, 1, 2]   # each document's own row first
+    m.data[:] = 0.5
+    _write(tmp_path / "flat.h5", m)
+    with pytest.raises(InputError, match="too many terms for BMP"):
+        build_bmp_index(tmp_path / "flat.h5", tmp_path / "b2")
+    assert not (tmp_path / "b2").exists()
+
+
+def test_bmp_guards_its_panics(tmp_path):
+    """An empty query, one of unindexed terms, and a one-term query whose list's 10 largest weights
+    all equal its maximum (BMP would find no block above its threshold) answer without a panic:
+    nothing, nothing, and the exact top-k."""
+    m = sp.lil_matrix((40, 10), dtype=np.float32)
+    for i in range(20):
+        m[i, 0] = 2.0          # 20 postings at the largest weight: 10th largest == max
+        m[i, 1 + i % 5] = 0.5
+    m = m.tocsr()
+    _write(tmp_path / "d.h5", m)
+    build_bmp_index(tmp_path / "d.h5", tmp_path / "b", block_size=4)
+    s = open_index(tmp_path / "b")
+    assert len(s.search_one(np.array([], np.int32), np.array([], np.float32), 5)[0]) == 0
+    assert len(s.search_one(np.array([9], np.int32), np.array([1.0], np.float32), 5)[0]) == 0
+    rows, scores = s.search_one(np.array([0], np.int32), np.array([1.0], np.float32), 5)
+    assert rows.tolist() == [0, 1, 2, 3, 4] and np.allclose(scores, 2.0) and s.fallbacks == 1
+    rows, _ = s.search_one(np.array([0, 1], np.int32), np.array([1.0, 1.0], np.float32), 3)
+    assert set(rows.tolist()) == {0, 5, 10}
+
+
+def test_kannolo_refuses_empty_collection(tmp_path):
+    _write(tmp_path / "e.h5", sp.csr_matrix((3, 5), dtype=np.float32))
+    with pytest.raises(InputError, match="no non-empty document"):
+        build_kannolo_index(tmp_path / "e.h5", tmp_path / "k")
+    assert not (tmp_path / "k").exists()
