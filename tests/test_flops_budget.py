@@ -224,16 +224,16 @@ def test_budget_without_validation_files_holds_out_and_reports(pair_files, tmp_p
     out = tmp_path / "head"
     with caplog.at_level(logging.INFO, logger="mmsparse"):
         mmsparse.train_head(pair_files / "train-images.h5", pair_files / "train-captions.h5", out=out,
-                            method=method, epochs=8, batch_size=64, l1_warmup=0, target_flops=1.5,
+                            method=method, epochs=12, batch_size=64, l1_warmup=0, target_flops=2.5,
                             progress=LogReporter())
     tr = json.loads((out / "config.json").read_text())["training"]
     assert tr["holdout"] == {"images": 25, "source": "images held out of training"}
-    assert len(tr["val"]) and tr["val"]["FLOPs"] <= 1.5 * 1.15
+    assert 2.5 / 1.15 <= tr["val"]["FLOPs"] <= 2.5 * 1.15
     assert tr["history"][tr["best_epoch"] - 1]["val"] == tr["val"]
     assert set(tr["flops_budget"]["gates"]) == ({"text", "image"} if method == "d2s" else {"image"})
     log = caplog.text
     assert "the budget reads images held out of training (25 images)" in log
-    assert "--target-flops 1.5: images held out of training (25 images) FLOPs" in log
+    assert "--target-flops 2.5: images held out of training (25 images) FLOPs" in log
 
 
 def test_frontier_aggregates_seeds_decides_on_validation_and_compares_over_seeds(tmp_path, dual_encoder_dir):
@@ -301,3 +301,35 @@ def test_frontier_aggregates_seeds_decides_on_validation_and_compares_over_seeds
     bad.joinpath("config.json").write_text(json.dumps({"training": {}}))
     with pytest.raises(InputError, match="no validation figures"):
         main([*args[:6], f"--row=D2S={bad}={tmp_path / 'dense.json'}", "-o", str(out)])
+
+
+def test_make_frontier_trains_every_budget_and_seed(tmp_path):
+    """`make -n frontier`: one head per method, budget and seed with nothing but --target-flops and --seed
+    (the defaults), the main job's head standing for its own budget and seed, joint on its final-layer
+    inputs, the table decided on validation files; a budget added later is trained although a table exists."""
+    import shlex
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+
+    def dry(*args):
+        p = subprocess.run(["make", "-n", "-C", str(root / "examples" / "flickr8k"), f"WORK={tmp_path}", *args,
+                            "frontier"], capture_output=True, text=True, check=True)
+        cmds = [shlex.split(c) for c in p.stdout.replace("\\\n", " ").splitlines() if c.startswith(("mmsparse", "python"))]
+        return {c[c.index("-o") + 1].rsplit("/", 1)[1]: c for c in cmds if c[:2] == ["mmsparse", "train-head"]}, cmds
+
+    train, cmds = dry("TRAIN_FLAGS=")
+    flags = {h: c[c.index("-o") + 2:] for h, c in train.items()}
+    assert flags["d2s"] == ["--target-flops", "9.4", "--seed", "1"]
+    assert flags["front-d2s-2-s3"] == ["--target-flops", "2", "--seed", "3"]
+    assert flags["front-if-0.5-s2"] == ["--method", "inference-free", "--target-flops", "0.5", "--seed", "2"]
+    assert flags["front-joint-9.4-s1"] == ["--target-flops", "9.4", "--seed", "1"]
+    assert train["front-joint-9.4-s1"][2:4] == ["--method", "joint"] and "hf-dual-final" in train["front-joint-9.4-s1"][4]
+    assert len(train) == 3 * (5 + 3 + 2) and "front-d2s-9.4-s1" not in train
+    (table,) = [c for c in cmds if c[:3] == ["python", "-m", "mmsparse.metrics.frontier"]]
+    assert "--val-images" in table and table.count("--row") == 30 and table[table.index("--versus") + 1] == "joint=D2S"
+    (tmp_path / "frontier").mkdir(exist_ok=True)
+    (tmp_path / "frontier" / "table.md").write_text("an older table")
+    train, _ = dry("FRONTIER_D2S=3", "FRONTIER_IF=", "FRONTIER_JOINT=", "FRONTIER_SEEDS=1")
+    assert set(train) == {"front-d2s-3-s1"} and (tmp_path / "frontier" / "rows.txt").read_text().count("D2S=") == 1

@@ -1,4 +1,4 @@
-"""`--target-flops F`: a FLOPs budget reached by the top-k gates and the sparsity weight together
+"""`--target-flops F`: a FLOPs budget reached by the sparsity weight and the top-k gates together
 (not in the papers).
 
 SPLADE-style training (D2S eq. 7, SPLADE's FLOPs regulariser, sentence-transformers' FlopsLoss)
@@ -7,28 +7,29 @@ it. With a budget, after each epoch that may be saved (Method.eligible: the spar
 over) the controller reads the validation split's vectors as `sparsify` writes them (posting floor
 cut, gates applied) and moves two actuators toward D2S eq. 1's FLOPs = F:
 
-1. **The top-k gates** (`GateProbe`, `FlopsBudget.plan`). FLOPs = Σ_t p_q(t)·p_d(t) answer a gate at
-   once (no lag), and the validation vectors re-gated at any k tell exactly what a gate costs in
-   FLOPs and in the select metric before training takes it. Each epoch the goal moves toward F by at
-   most ×2 (`RATIO`: "tighten gradually"), and of the gate pairs k_q × k_d (a √2 ladder, queries and
-   images apart: the split of the budget between the sides is chosen, not fixed) whose FLOPs reach
-   the goal, the one with the best validation metric is taken, provided it keeps at least
-   (1 − `MAX_DROP`) of the epoch's metric; otherwise the goal is halved in log space (at most three
-   times) and else the gates hold. Training then adapts the head to the gates it is given (the loss
-   sees gated vectors), so a head is never cut to its budget in one step. A method without gates
-   on a side (the paper's D2S head has none) gets them here: the ladder starts at the widest row.
-2. **The sparsity weight multiplier m** (`FlopsBudget.update`): every sparsity weight of the loss
-   (d2s: η; inference-free: η and --eta-query-flops; joint: η_t, η_i) is multiplied by m, which
-   moves in log space against e = log(F_e / F) extrapolated one epoch at its trend (2e − e_prev),
-   by at most ×2 an epoch, its step halved at each crossing (Rprop, Riedmiller and Braun 1993),
-   in proportion to the error inside ±15 %, m in [1e-4, 1e4] — but only in epochs where the gates
-   did not move (they are the primary actuator: two actuators moving on one reading overshoot), and
-   never up after an epoch whose validation metric fell by more than MAX_DROP (what drove a
-   paper-preset head from R@1 18.9 to 0.3 in issue 49: m doubled for 11 epochs while the head died).
+1. **The sparsity weight multiplier m** (`FlopsBudget.update`), the primary actuator: every
+   sparsity weight of the loss (d2s: η; inference-free: η and --eta-query-flops; joint: η_t, η_i)
+   is multiplied by m, which moves in log space against e = log(F_e / F) extrapolated one epoch at
+   its trend (2e − e_prev), by at most ×2 an epoch, its step halved at each crossing (Rprop,
+   Riedmiller and Braun 1993), in proportion to the error inside ±15 %, m in [1e-4, 1e4]; never up
+   after an epoch whose validation metric fell by more than MAX_DROP (what drove a paper-preset head
+   from R@1 18.9 to 0.3 in issue 49: m doubled for 11 epochs while the head died), and not in an
+   epoch where the gates moved (two actuators on one reading overshoot). The multiplier chooses
+   which terms to drop, the gates only how many: at equal FLOPs it kept more recall (docs/d2s.md).
+2. **The top-k gates** (`GateProbe`, `FlopsBudget.plan`) where the multiplier cannot do the job
+   (`gates_turn`): FLOPs more than FAR × F (the paper's ungated head starts near FLOPs 7,500), the
+   multiplier's rise refused, m at or above HIGH_SCALE, or FLOPs under the band with m at or below
+   LOW_SCALE (a head whose gates cap it below F). FLOPs = Σ_t p_q(t)·p_d(t) answer a gate at once, and the validation
+   vectors re-gated at any k tell exactly what a gate costs in FLOPs and in the select metric before
+   training takes it: the goal moves toward F by at most ×2 (`RATIO`: "tighten gradually"), and of
+   the gate pairs k_q × k_d (a √2 ladder, queries and images apart) whose FLOPs reach it the one
+   with the best validation metric is taken, provided it keeps at least (1 − MAX_DROP) of the
+   epoch's metric; otherwise the goal is halved in log space (at most three times), else the gates
+   hold. Training then adapts the head to the gates it is given (the loss sees gated vectors).
 
-The saved epoch is chosen as --max-val-flops chooses it, with F·(1 + tol) as the limit
-(mmsparse.trainer.pick_epoch); `collapsed` says when it kept less than half the run's best metric.
-No torch here.
+The saved epoch is chosen as --max-val-flops chooses it, with F·(1 + tol) as the limit and F / (1 +
+tol) as the floor where an epoch reaches it (mmsparse.trainer.pick_epoch); `collapsed` says when it
+kept less than half the run's best metric. No torch here.
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ COLLAPSE = 0.5     # a saved metric below this share of the run's best is report
 LADDER = sorted({int(round(4 * 2 ** (i / 2))) for i in range(0, 24)})   # 4, 6, 8, 11, 16, 23, 32, 45, 64, ... 8192
 SHORTLIST = 6      # gate pairs whose metric is measured per goal (those with the most FLOPs under it)
 EFFECT = 0.05      # gates whose FLOPs differ from the current ones' by less than this share are not a move
+FAR = 4.0          # FLOPs above this many times F: the gates step down (nearer, the multiplier alone)
+LOW_SCALE = 1 / 16 # FLOPs under the band with the multiplier at or below this: the gates step up
+HIGH_SCALE = 16.0  # FLOPs above the band with the multiplier at or above this: the gates step down
 
 
 class GateProbe:
@@ -151,6 +155,7 @@ class FlopsBudget:
         self.last_sign = 0
         self.last_err: float | None = None
         self.last_metric: float | None = None
+        self.refused = False          # the multiplier's last rise was refused (the metric fell)
         self.gates: dict = {}
         self.trace: list[dict] = []   # one entry per update: epoch, FLOPs measured, multiplier and gates after
 
@@ -168,6 +173,19 @@ class FlopsBudget:
         """Whether `flops` is within the target's ±tolerance band."""
         return self.target / (1 + self.tolerance) <= flops <= self.limit
 
+    def gates_turn(self, flops: float) -> bool:
+        """Whether the gates move after an epoch that measured `flops`: outside the band, and only
+        where the multiplier cannot do the job: FLOPs more than FAR × F (a head far from its budget,
+        e.g. the paper's ungated head, which η would take many epochs and risk the head to bring
+        down), the multiplier's last rise refused (the metric fell), the multiplier at or above
+        HIGH_SCALE (more pressure than that destroyed heads), or FLOPs under the band with the
+        multiplier at or below LOW_SCALE (less sparsity pressure no longer raises them)."""
+        if self.in_band(flops):
+            return False
+        if flops > self.target:
+            return flops > FAR * self.target or self.refused or self.scale >= HIGH_SCALE
+        return self.scale <= LOW_SCALE
+
     def plan(self, probe, figures: dict) -> dict:
         """New gates {side: k} from this epoch's validation vectors `probe` (a GateProbe, or a
         callable returning one, called only when needed) and figures (its "FLOPs" and the probe's
@@ -177,7 +195,7 @@ class FlopsBudget:
         unchanged too when the best pair's FLOPs are within EFFECT of the current ones (the gates do
         not bind: the multiplier moves instead). Sets and returns self.gates."""
         f_now = float(figures["FLOPs"])
-        if self.in_band(f_now):
+        if not self.gates_turn(f_now):
             return self.gates
         probe = probe() if callable(probe) else probe
         sides = probe.sides
@@ -219,7 +237,8 @@ class FlopsBudget:
         if metric is not None:
             self.last_metric = float(metric)
         sign = (drive > 0) - (drive < 0)
-        if fell and sign > 0:   # the head paid for the last rise: no further rise, and a smaller step
+        self.refused = bool(fell and sign > 0)
+        if self.refused:   # the head paid for the last rise: no further rise, a smaller step, the gates' turn
             sign, self.step = 0, max(MIN_STEP, self.step * SHRINK)
         if sign and not moved:
             if self.last_sign:
@@ -238,12 +257,14 @@ class FlopsBudget:
 
     def state_dict(self) -> dict:
         return {"log_scale": self.log_scale, "step": self.step, "last_sign": self.last_sign, "last_err": self.last_err,
-                "last_metric": self.last_metric, "gates": dict(self.gates), "trace": list(self.trace)}
+                "last_metric": self.last_metric, "refused": self.refused, "gates": dict(self.gates),
+                "trace": list(self.trace)}
 
     def load_state_dict(self, state: dict) -> None:
         self.log_scale, self.step = float(state["log_scale"]), float(state["step"])
         self.last_sign, self.last_err, self.trace = int(state["last_sign"]), state["last_err"], list(state["trace"])
         self.last_metric, self.gates = state.get("last_metric"), dict(state.get("gates") or {})
+        self.refused = bool(state.get("refused", False))
 
 
 def collapsed(history: list[dict], saved: int, metric: str) -> tuple[float, float, int] | None:
