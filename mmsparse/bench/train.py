@@ -113,9 +113,10 @@ def _real(method, head_dir: str, images: str, captions: str):
     return head, data
 
 
-def _prepare_synthetic(method, data, vocab_size: int) -> None:
+def _prepare_synthetic(method, head, data, vocab_size: int) -> None:
     """What D2S.setup sets besides the data and head, for the synthetic shapes (no files to read)."""
     from ..methods.d2s.expansion import ExpansionControl
+    from ..methods.d2s.method import image_words
     from ..trainer import warmup_steps
     from ..vocab import document_frequency
 
@@ -123,6 +124,9 @@ def _prepare_synthetic(method, data, vocab_size: int) -> None:
     method.pec = ExpansionControl(cfg.expansion, document_frequency(data.token_ids, vocab_size), cfg.epochs,
                                   cfg.mask_caption_terms, cfg.pec_end)
     method.l1_warm = warmup_steps(cfg.l1_warmup, method.steps_per_epoch(data) * cfg.epochs)
+    if cfg.doc_words_weight > 0:   # the default configuration trains with the caption-word loss
+        method.img_words, method.word_weight = image_words(data, head.vocab, cfg.doc_words_target,
+                                                           cfg.doc_words_max_df)
 
 
 def measure(name: str, shape: dict, state: str, steps: int, warmup: int, active: int, live: int,
@@ -158,7 +162,7 @@ def measure(name: str, shape: dict, state: str, steps: int, warmup: int, active:
         head, data = _synthetic(shape)
         if simulated:
             _sparsen(head, data, active, live)
-        _prepare_synthetic(method, data, shape["vocab"])
+        _prepare_synthetic(method, head, data, shape["vocab"])
     v = shape["vocab"]
     method.start_epoch(cfg.epochs // 2)   # mid-training: masks of both levels active
     opt = make_optimizer(method.param_groups(head), cfg.lr, cfg.weight_decay)

@@ -75,12 +75,21 @@ def load_point(label: str, eval_json: Path) -> dict:
 
 
 def dense_val(images: Path, captions: Path) -> dict:
-    """Dense caption->image R@1, R@10 (and R@5, MRR@10) of the validation dense files (exhaustive)."""
-    from ..methods.pairs import load_pairs
+    """Dense caption->image R@1, R@10 (and R@5, MRR@10) of the validation dense files (exhaustive).
+    The captions file must carry `image_ids` (encode-dense writes it). Raises InputError otherwise."""
+    from ..formats.dense import read_dense
     from .exhaustive import dense_retrieval_metrics
 
-    p = load_pairs(images, captions)
-    return dense_retrieval_metrics(p.z_cap.numpy(), p.z_img.numpy(), p.cap_img.numpy())
+    im, ca = read_dense(images), read_dense(captions)
+    if not ca.image_ids:
+        raise InputError(f"{captions}: no 'image_ids' dataset; re-run encode-dense on the validation captions")
+    row = {i: k for k, i in enumerate(im.ids)}
+    missing = [i for i in ca.image_ids if i not in row]
+    if missing:
+        raise InputError(f"{captions}: image_ids: {len(missing)} caption(s) name images not in {images}, "
+                         f"e.g. {missing[:3]}; pass the images file of the same split")
+    gold = np.array([row[i] for i in ca.image_ids], dtype=np.int64)
+    return dense_retrieval_metrics(ca.vectors, im.vectors, gold)
 
 
 FIGURES = ("val_R@1", "val_R@10", "val_FLOPs", "FLOPs", "R@1", "R@10", "doc_Exact@10")
