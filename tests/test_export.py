@@ -302,6 +302,28 @@ def test_term_ids_agree_between_hdf5_jsonl_and_the_model(exports, tiny_clip, tmp
         assert all(abs(hdf5[int(k)] - v) <= TOL for k, v in model_row.items())
 
 
+def test_heads_the_export_cannot_express_are_refused_in_one_line(tiny_clip, run_cli, tmp_path):
+    """VDR (per-position pooling), a mean-centred D2S head, a head of a backbone sentence-transformers'
+    Transformer module does not run: exit 2, one line saying why, nothing written."""
+    from transformers import AutoTokenizer
+
+    from mmsparse.methods.vdr.head import VDRHead
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_clip))
+    ids = np.arange(len(tok.get_vocab()))
+    training = {"backbone": "clip", "model": str(tiny_clip)}
+    voc = Vocab([tok.convert_ids_to_tokens(int(i)) for i in ids], torch.randn(len(ids), 8), tok, str(tiny_clip), ids)
+    heads = {"vdr": VDRHead.from_vocab(voc, 24, 32, 32, "token_states", "patch_states", training=training),
+             "center": D2SHead.from_vocab(24, voc, training, center="mean"),
+             "blip": D2SHead.from_vocab(24, voc, {**training, "backbone": "blip"})}
+    why = {"vdr": "per-position states", "center": "--center mean", "blip": "--backbone blip"}
+    for name, head in heads.items():
+        head.save_pretrained(tmp_path / name)
+        code, _, err = run_cli("export", tmp_path / name, "-o", tmp_path / f"{name}-st")
+        assert code == 2 and why[name] in err and len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / f"{name}-st").exists()
+
+
 # -- JSON lines --------------------------------------------------------------------------------
 
 VOCAB = ["a", ".", "...", "dog", "%", "%2E", "u.s", "ünï", 'say "hi"', "[PAD]"]
@@ -337,6 +359,36 @@ def test_jsonl_round_trip_is_byte_identical(sparse_file, run_cli, tmp_path, esca
     assert (back.matrix != src.matrix).nnz == 0
     assert run_cli("export", tmp_path / "b.h5", "-o", tmp_path / "c.jsonl", *flag)[0] == 0
     assert (tmp_path / "c.jsonl").read_bytes() == (tmp_path / "a.jsonl").read_bytes()
+
+
+def test_seismic_jsonl_builds_a_seismic_index_and_reads_back(sparse_file, run_cli, tmp_path):
+    """--seismic writes what Seismic's own loader reads (integer ids, `vector`) and the ids beside it;
+    the index it builds finds each row by its terms, and import gives the file back."""
+    seismic = pytest.importorskip("seismic")
+    code, _, err = run_cli("export", sparse_file, "-o", tmp_path / "s.jsonl", "--seismic")
+    assert code == 0, err
+    lines = [json.loads(ln) for ln in (tmp_path / "s.jsonl").read_text(encoding="utf-8").splitlines()]
+    src = read_sparse(sparse_file)
+    assert [ln["id"] for ln in lines] == [0, 1, 2] and all(set(ln) == {"id", "vector"} for ln in lines)
+    assert (tmp_path / "s.ids.txt").read_text(encoding="utf-8").splitlines() == src.ids
+    index = seismic.SeismicIndex.build(str(tmp_path / "s.jsonl"))
+    assert index.len == 2 or index.len == 3                    # Seismic may leave out the empty row
+    names = (tmp_path / "s.ids.txt").read_text(encoding="utf-8").splitlines()
+    exact = (src.matrix @ src.matrix.T).toarray()
+    for r, ln in enumerate(lines):
+        if not ln["vector"]:
+            continue
+        q = np.array(list(ln["vector"]), dtype=seismic.get_seismic_string())
+        hits = index.search(query_id=str(r), query_components=q, query_values=np.array(list(ln["vector"].values()),
+                            dtype=np.float32), k=3, query_cut=10, heap_factor=1.0)
+        best = max(hits, key=lambda h: h[1])
+        assert names[int(best[2])] == src.ids[int(np.argmax(exact[r]))]
+        if max(ln["vector"].values()) < 1e3:          # Seismic stores weights as float16 (1e5 is inf there)
+            assert best[1] == pytest.approx(exact[r].max(), rel=2e-3)
+    code, _, err = run_cli("import", tmp_path / "s.jsonl", "--vocab", sparse_file, "-o", tmp_path / "b.h5")
+    assert code == 0, err
+    back = read_sparse(tmp_path / "b.h5")
+    assert back.ids == src.ids and (back.matrix != src.matrix).nnz == 0
 
 
 def test_bad_inputs_get_one_line_errors_and_no_output(sparse_file, if_head, tiny_data, run_cli, tmp_path):

@@ -139,13 +139,19 @@ def check_exportable(head, backbone: str | None, route: str) -> None:
 
 def tower_module(head, backbone: str, model: str, max_length: int | None, modalities: list[str]):
     """sentence-transformers' Transformer over the dual encoder `model`: texts (truncated at max_length
-    tokens, encode-dense's) through get_text_features, images through get_image_features (the
+    tokens, encode-dense's; default the backbone's, hf_dual.caption_tokens) through get_text_features, images through get_image_features (the
     model's own image processor), `modalities` only. A joint head's tuned projections and final
     layers are written into its weights. InputError when the model has no such methods or its
     tokenizer is not the head's."""
     from sentence_transformers.base.modules import Transformer
+    from transformers import AutoConfig
 
-    kw = {"max_seq_length": int(max_length)} if max_length else {}
+    from ..backbones.hf_dual import caption_tokens
+
+    try:
+        kw = {"max_seq_length": caption_tokens(AutoConfig.from_pretrained(str(model)), max_length)}
+    except (OSError, ValueError, AttributeError) as e:
+        raise InputError(f"--model {model}: not a transformers dual encoder ({str(e).splitlines()[0]})") from None
     if backbone == "siglip":   # SigLIP pools the last position: captions padded to max_length, as encode-dense
         kw["processing_kwargs"] = {"text": {"padding": "max_length"}}
     try:
