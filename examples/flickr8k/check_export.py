@@ -43,7 +43,7 @@ CAPTIONS = 1000     # test captions checked through the full exports
 
 # A user's process: mmsparse cannot be imported. Loads each export, encodes, prints JSON.
 _USER = textwrap.dedent("""
-    import json, sys
+    import json, sys, time
     sys.modules["mmsparse"] = None          # any import of mmsparse raises ImportError
     import h5py, numpy as np, torch
     from PIL import Image
@@ -51,10 +51,13 @@ _USER = textwrap.dedent("""
 
     job = json.loads(open(sys.argv[1], encoding="utf-8").read())
     rows = lambda m, e: [dict(r) for r in m.decode(e)]
-    out = {}
+    out, seconds = {}, {}
     for name in ("d2s", "if"):
+        start = time.time()
         m = SparseEncoder(job[name], device="cpu", trust_remote_code=True)
         out[name] = {"docs": rows(m, m.encode_document([Image.open(p) for p in job["images"]], batch_size=32))}
+        seconds[f"{name} images"] = time.time() - start
+        start = time.time()
         threads = torch.get_num_threads()
         torch.set_num_threads(1)            # as encode-dense --threads 1 on the reference side
         batch = 1 if name == "d2s" else 256
@@ -62,6 +65,8 @@ _USER = textwrap.dedent("""
         if name == "d2s":
             out[name]["caption_terms"] = rows(m, m.encode(job["texts"], task="caption-terms", batch_size=1))
         torch.set_num_threads(threads)
+        seconds[f"{name} captions"] = time.time() - start
+    start = time.time()
     m = SparseEncoder(job["if-query"], device="cpu")   # trust_remote_code=False
     q = m.encode_query(job["all_texts"], batch_size=256)
     with h5py.File(job["if_docs"], "r") as f:
@@ -73,6 +78,8 @@ _USER = textwrap.dedent("""
     scores = m.similarity(q, d).to_dense().numpy()
     top = np.lexsort((np.broadcast_to(np.arange(len(ids)), scores.shape), -scores), axis=1)[:, :10]
     out["if-query"] = {"queries": rows(m, q), "top10": [[ids[j] for j in t] for t in top]}
+    seconds["if-query"] = time.time() - start
+    out["seconds"] = seconds
     json.dump(out, sys.stdout)
     """)
 
@@ -194,7 +201,8 @@ def check(work: Path, sample: int = 0) -> list[str]:
     for ok, line in results:
         print(f"{'ok  ' if ok else 'FAIL'} {line}")
     print(f"check_export: {n_img} images, {len(texts)} captions: exports and references {t1 - t0:.0f} s, "
-          f"sentence-transformers without mmsparse {t2 - t1:.0f} s")
+          f"sentence-transformers without mmsparse {t2 - t1:.0f} s ("
+          + ", ".join(f"{k} {v:.0f} s" for k, v in got["seconds"].items()) + ")")
     return [line for ok, line in results if not ok]
 
 
