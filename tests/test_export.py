@@ -281,6 +281,33 @@ def test_export_holds_only_sentence_transformers_modules_and_its_own_file(method
     assert (text_docs != "encoded") == (method == "inference-free"), text_docs
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_import_of_an_export_gives_the_head_back(method, exports, tiny_data, run_cli, tmp_path):
+    """`mmsparse import` of an export nobody fine-tuned: d2s and inference-free heads come back with
+    their weights and training record (an inference-free table as max(0, w), which gives the same
+    queries); a joint head comes back as a d2s head over the export's own dual encoder, and the
+    vectors of encode-dense with that model through it are the joint head's sparsify rows."""
+    e = exports[method]
+    code, _, err = run_cli("import", e["st"], "-o", tmp_path / "head")
+    assert code == 0, err
+    old, new = mmsparse.load_head(e["head"]), mmsparse.load_head(tmp_path / "head")
+    assert new.vocab == old.vocab and new.method == ("d2s" if method == "joint" else method)
+    for k in ("w1.weight", "norm.weight", "norm.bias", "w2.weight", "w2.bias", "token_ids"):
+        assert torch.equal(new.state_dict()[k], old.state_dict()[k]), k
+    if method != "joint":
+        assert new.config["training"] == old.config["training"] and "encode-dense" not in err
+        caps = tiny_data / "caps.txt" if method == "inference-free" else tiny_data / "dense" / "all-captions.h5"
+        for src, ref in ((tiny_data / "dense" / "all-images.h5", e["docs"]), (caps, e["queries"])):
+            _assert_same(_rows(ref), _rows(read_sparse(mmsparse.sparsify(tmp_path / "head", src, out=tmp_path / "x.h5",
+                                                                         allow_dense=True))))
+        return
+    assert new.config["training"]["model"] == str(e["st"].resolve()) and "encode-dense" in err
+    dense = mmsparse.encode_dense(tiny_data / "images", out=tmp_path / "dense", backbone="clip", model=e["st"],
+                                  workers=0)
+    docs = mmsparse.sparsify(tmp_path / "head", dense / "all-images.h5", out=tmp_path / "d.h5", allow_dense=True)
+    _assert_same(_rows(e["docs"]), _rows(read_sparse(docs)))
+
+
 def test_term_ids_agree_between_hdf5_jsonl_and_the_model(exports, tiny_clip, tmp_path):
     """One id space: a sparse HDF5 row's column c is tokenizer id token_ids[c]; the JSONL export's
     terms are the tokens the export's tokenizer maps to those ids; the exported model outputs the
