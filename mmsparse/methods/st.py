@@ -139,10 +139,10 @@ def check_exportable(head, backbone: str | None, route: str) -> None:
 
 def tower_module(head, backbone: str, model: str, max_length: int | None, modalities: list[str]):
     """sentence-transformers' Transformer over the dual encoder `model`: texts (truncated at max_length
-    tokens, encode-dense's; default the backbone's, hf_dual.caption_tokens) through get_text_features, images through get_image_features (the
-    model's own image processor), `modalities` only. A joint head's tuned projections and final
-    layers are written into its weights. InputError when the model has no such methods or its
-    tokenizer is not the head's."""
+    tokens, encode-dense's; default the backbone's, hf_dual.caption_tokens) through
+    get_text_features, images through get_image_features (the model's own image processor),
+    `modalities` only. A joint head's tuned projections and final layers are written into its
+    weights. InputError when the model has no such methods or its tokenizer is not the head's."""
     from sentence_transformers.base.modules import Transformer
     from transformers import AutoConfig
 
