@@ -281,6 +281,29 @@ def test_export_holds_only_sentence_transformers_modules_and_its_own_file(method
     assert (text_docs != "encoded") == (method == "inference-free"), text_docs
 
 
+def test_siglip_d2s_export_reproduces_sparsify(tiny_siglip, tiny_data, tmp_path):
+    """SigLIP towers (captions padded to max_length, the last position pooled) export too: images and
+    captions give sparsify's rows of encode-dense's SigLIP vectors."""
+    from PIL import Image
+    from sentence_transformers import SparseEncoder
+    from transformers import AutoTokenizer
+
+    for src in ("images", "caps.txt"):
+        mmsparse.encode_dense(tiny_data / src, out=tmp_path / "dense", backbone="siglip", model=tiny_siglip, workers=0)
+    tok = AutoTokenizer.from_pretrained(str(tiny_siglip))
+    head = _vocab_head(D2SHead, 32, tok, np.arange(len(tok.get_vocab())), str(tiny_siglip),
+                       {"backbone": "siglip", "model": str(tiny_siglip)}, doc_top_k=6, query_top_k=5)
+    head = head.save_pretrained(tmp_path / "d2s")
+    docs = read_sparse(mmsparse.sparsify(head, tmp_path / "dense" / "all-images.h5", out=tmp_path / "d.h5",
+                                         allow_dense=True))
+    queries = read_sparse(mmsparse.sparsify(head, tmp_path / "dense" / "all-captions.h5", out=tmp_path / "q.h5",
+                                            allow_dense=True))
+    model = SparseEncoder(str(mmsparse.export(head, out=tmp_path / "st")), device="cpu", trust_remote_code=True)
+    images = [Image.open(tiny_data / "images" / f"{i}.png") for i in docs.ids]
+    _assert_same(_rows(docs), _st_rows(model, model.encode_document(images)))
+    _assert_same(_rows(queries), _st_rows(model, model.encode_query(queries.texts)))
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_import_of_an_export_gives_the_head_back(method, exports, tiny_data, run_cli, tmp_path):
     """`mmsparse import` of an export nobody fine-tuned: d2s and inference-free heads come back with
