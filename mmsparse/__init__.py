@@ -2,7 +2,7 @@
 
 The stages are importable functions (see mmsparse.api): encode_dense, train_head, load_head,
 sparsify, build_index, search, evaluate, evaluate_table, inspect_terms, inspect_provenance,
-query, export, import_terms. They load on first use, so importing the package is cheap.
+query, export, import_terms, import_head. They load on first use, so importing the package is cheap.
 """
 
 from ._version import __version__
@@ -13,7 +13,7 @@ from .runtime import tune_allocator
 tune_allocator()
 
 _API = ("encode_dense", "train_head", "load_head", "sparsify", "build_index", "search", "evaluate",
-        "inspect_terms", "evaluate_table", "inspect_provenance", "query", "export", "import_terms")
+        "inspect_terms", "evaluate_table", "inspect_provenance", "query", "export", "import_terms", "import_head")
 
 __all__ = ["__version__", *_API]
 

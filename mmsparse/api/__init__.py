@@ -37,6 +37,7 @@ _WHERE = {
     "query": "querying",
     "export": "exporting",
     "import_terms": "exporting",
+    "import_head": "exporting",
 }
 
 __all__ = sorted(_WHERE)

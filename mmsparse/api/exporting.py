@@ -5,6 +5,8 @@
     export(SPARSE.h5, out=FILE.jsonl, format="jsonl")        one term map per line, what search
                                                              engines ingest (formats/termmap.py)
     import_terms(FILE.jsonl, out=SPARSE.h5, vocab=...)       such a file back to sparse HDF5
+    import_head(DIR, out=HEAD)                               a sentence-transformers export (fine-tuned
+                                                             or not) back to a head (methods/st_import.py)
 
 docs/export.md says how each engine ingests the lines and how the exported models are called.
 """
@@ -23,31 +25,36 @@ ROUTES = ("all", "query")
 @provenance.recorded("source")
 def export(source: str | Path, *, out: str | Path, format: str | None = None, route: str = "all",
            model: str | Path | None = None, backbone: str | None = None, precision: str | None = None,
-           max_length: int | None = None, escape_dots: bool = False, batch_size: int = 2048,
-           progress=None) -> Path:
+           max_length: int | None = None, query_mode: str = "expand", seismic: bool = False,
+           escape_dots: bool = False, batch_size: int = 2048, progress=None) -> Path:
     """Write `source` in another tool's format to `out` (atomically: a killed or failed export
     leaves the previous output or none). Returns `out`.
 
     format "sentence-transformers" (default unless `out` ends in .jsonl): `source` is a head
     directory or hub id (d2s, inference-free or joint), `out` a directory that
-    `sentence_transformers.SparseEncoder(out)` loads, output [n] over the tokenizer's ids (methods/st.py).
-    route "all": queries and documents (inference-free: the query table and the image route;
-    d2s/joint: texts and images; loading needs mmsparse and trust_remote_code=True); "query": the
-    text route alone (inference-free: a plain SparseStaticEmbedding, loaded by sentence-transformers
-    alone). model, backbone: the dual encoder the image and text routes run (default: the head's
-    training record); precision (fp32 | bf16 | fp16) and max_length (caption tokens): default the
-    head's training captions file's, as encode-dense wrote them (else fp32, the backbone's length).
-    The card README.md is the head's model card (methods/head.model_card) with its use from
-    sentence-transformers.
+    `sentence_transformers.SparseEncoder(out, trust_remote_code=True)` loads without mmsparse
+    (sentence-transformers' own modules plus the torch file sparse_gates.py inside `out`), output
+    [n] float32 over the tokenizer's ids (methods/st.py); it fine-tunes with sentence-transformers'
+    trainers, and import_head reads it back. route "all": queries and documents (inference-free: the
+    query table and the image route; d2s/joint: texts and images); "query": the text route alone
+    (inference-free: a plain SparseStaticEmbedding that loads with trust_remote_code=False). model,
+    backbone: the dual encoder the image and text routes run (default: the head's training record;
+    hf-dual, clip or siglip); max_length (caption tokens): default the head's training captions
+    file's, as encode-dense wrote them, else the backbone's; precision: fp32 only (the export runs
+    in float32); query_mode (expand | caption-terms): what encode_query gives for texts of a d2s or
+    joint head (the task "expand" or "caption-terms" picks either per call). The card README.md is
+    the head's model card (methods/head.model_card) with its use from sentence-transformers.
 
     format "jsonl": `source` is a sparse HDF5 file (or sharded directory); `out` gets one line
     {"id": ..., "terms": {term: weight}} per row, `batch_size` rows read at a time (memory O(batch));
-    escape_dots writes "." as "%2E" and "%" as "%25" in terms (Elasticsearch's rank_features and
-    sparse_vector refuse "." in a feature name).
+    seismic: Seismic's form {"id": row number, "vector": {...}} and the ids in OUT.ids.txt
+    (formats/termmap.py); escape_dots writes "." as "%2E" and "%" as "%25" in terms
+    (Elasticsearch's rank_features and sparse_vector refuse "." in a feature name).
 
     InputError: an unknown format or route, a source of the wrong kind (a dense file, a head for
-    jsonl, a file for sentence-transformers), a head sentence-transformers cannot express (vdr,
-    bm25v) or without a tokenizer, sentence-transformers not installed.
+    jsonl, a file for sentence-transformers), a head the export cannot express (vdr, bm25v, dense,
+    --center mean, another backbone: one line saying why) or without a tokenizer,
+    sentence-transformers not installed.
     """
     fmt = format or ("jsonl" if str(out).endswith(".jsonl") else "sentence-transformers")
     if fmt not in FORMATS:
@@ -55,14 +62,14 @@ def export(source: str | Path, *, out: str | Path, format: str | None = None, ro
     if route not in ROUTES:
         raise InputError(f"--route {route!r}: choose one of {', '.join(ROUTES)}")
     if fmt == "jsonl":
-        return _export_jsonl(Path(source), Path(out), escape_dots, batch_size, progress)
-    if escape_dots:
-        raise InputError("--escape-dots applies to --format jsonl (term names in engines); a sentence-transformers "
-                         "model outputs token ids")
-    return _export_st(source, Path(out), route, model, backbone, precision, max_length, progress)
+        return _export_jsonl(Path(source), Path(out), escape_dots, seismic, batch_size, progress)
+    if escape_dots or seismic:
+        raise InputError(f"--{'escape-dots' if escape_dots else 'seismic'} applies to --format jsonl (term maps for "
+                         "engines); a sentence-transformers model outputs token ids")
+    return _export_st(source, Path(out), route, model, backbone, precision, max_length, query_mode, progress)
 
 
-def _export_jsonl(source: Path, out: Path, escape_dots: bool, batch_size: int, progress) -> Path:
+def _export_jsonl(source: Path, out: Path, escape_dots: bool, seismic: bool, batch_size: int, progress) -> Path:
     from ..formats.termmap import write_jsonl
 
     kind = provenance.detect_kind(source)
@@ -72,18 +79,22 @@ def _export_jsonl(source: Path, out: Path, escape_dots: bool, batch_size: int, p
     if kind == "head":
         raise InputError(f"{source}: a head directory; --format jsonl exports a sparse HDF5 file (sparsify's "
                          "output), --format sentence-transformers exports a head")
-    write_jsonl(source, out, escape_dots=escape_dots, batch_rows=batch_size, progress=progress)
+    write_jsonl(source, out, escape_dots=escape_dots, seismic=seismic, batch_rows=batch_size, progress=progress)
     return out
 
 
-def _export_st(source, out: Path, route: str, model, backbone, precision, max_length, progress) -> Path:
+def _export_st(source, out: Path, route: str, model, backbone, precision, max_length, query_mode,
+               progress) -> Path:
     from ..atomic import atomic_path
     from ..methods.head import load_head, model_card
     from ..methods.headdir import resolve_head_path
-    from ..methods.st import build_encoder, card_usage, require_st
+    from ..methods.st import build_encoder, card_usage, require_st, save_encoder
     from ..progress import reporter
 
     require_st()
+    if precision not in (None, "fp32"):
+        raise InputError(f"--precision {precision}: an export is sentence-transformers' own modules in float32 "
+                         "(pass model_kwargs={'torch_dtype': ...} when loading it for another dtype); drop the option")
     p = resolve_head_path(source)
     if p.is_file():
         raise InputError(f"{p}: a file; --format sentence-transformers exports a head directory (train-head's "
@@ -97,13 +108,12 @@ def _export_st(source, out: Path, route: str, model, backbone, precision, max_le
     if needs_model and (not backbone or not model):
         raise InputError(f"{p}/config.json: training.backbone / training.model missing; pass --backbone and --model "
                          "(the dual encoder whose vectors the head was trained on)")
-    precision = precision or dense.get("precision") or "fp32"
     max_length = max_length or dense.get("max_length")
     with reporter(progress).task(f"export {out.name}", total=1) as bar:
         enc = build_encoder(head, route=route, backbone=backbone, model=model, max_length=max_length,
-                            precision=precision)
+                            query_mode=query_mode)
         with atomic_path(out, directory=True) as tmp:
-            enc.save(str(tmp), create_model_card=False)
+            save_encoder(enc, tmp)
             cfg = {"method": head.method, **head.config}
             (tmp / "README.md").write_text(model_card(cfg, use=card_usage(head.method, route)), encoding="utf-8")
         bar.advance(1)
@@ -123,6 +133,33 @@ def _dense_attrs(training: dict) -> dict:
             except InputError:
                 continue
     return {}
+
+
+@provenance.recorded("folder")
+def import_head(folder: str | Path, *, out: str | Path, progress=None) -> Path:
+    """Read a sentence-transformers model folder written by `export` (d2s, joint or inference-free,
+    route "all"), fine-tuned by sentence-transformers or not, back into a head directory `out`
+    (written atomically). A joint export becomes a d2s head over the folder's dual encoder (its
+    tuned projections and final layers live there). When a fine-tuning changed the dual encoder's
+    weights (or the head was joint), the head's training record names the folder's Transformer
+    directory as its model: encode images and captions with `encode-dense --model` that directory
+    before `sparsify` (a log line says which). InputError for a folder that is not such an export
+    (a query-route export included: it has no image route) or whose module stack was changed.
+    Returns `out`."""
+    from ..methods.st import require_st, tower_dir
+    from ..methods.st_import import read_export
+    from ..progress import reporter
+
+    require_st()
+    folder = Path(folder)
+    rep = reporter(progress)
+    head, changed = read_export(folder)
+    head.save_pretrained(out)
+    if changed:
+        rep.log(f"import: the dual encoder of {folder} is not the one the head was trained on (fine-tuned, or a joint "
+                f"head's tuned towers): encode with `mmsparse encode-dense ... --backbone "
+                f"{head.config['training'].get('backbone')} --model {tower_dir(folder)}` before sparsify")
+    return Path(out)
 
 
 @provenance.recorded("jsonl", "vocab")

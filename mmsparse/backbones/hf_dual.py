@@ -71,6 +71,15 @@ def load_hf(model_path: str, model_cls=None):
     return model, tok, ip
 
 
+def caption_tokens(config, max_length: int | None = None) -> int:
+    """Caption truncation, in tokens, of a dual encoder with transformers `config`: max_length when
+    given, else SigLIP's text positions (it pools the last one), else min(64, text positions)."""
+    npos = int(getattr(config.text_config, "max_position_embeddings", 512))
+    if max_length:
+        return int(max_length)
+    return npos if config.model_type.startswith("siglip") else min(64, npos)
+
+
 class ImagePreprocessor:
     """Picklable callable list[PIL.Image] -> pixel_values [B, 3, H, W] float32, via the model's
     saved image processor (so resize/crop/normalisation match training)."""
@@ -154,10 +163,8 @@ class HFDualEncoder(Backbone):
             self.dim = int(self.vproj.out_features)
         else:
             self.dim = int(cfg.vision_config.hidden_size)
-        siglip = cfg.model_type.startswith("siglip")
-        self.text_padding = "max_length" if siglip else True
-        npos = int(getattr(cfg.text_config, "max_position_embeddings", 512))
-        self.max_length = int(max_length) if max_length else (npos if siglip else min(64, npos))
+        self.text_padding = "max_length" if cfg.model_type.startswith("siglip") else True
+        self.max_length = caption_tokens(cfg, max_length)
         self.normalized = True
         self._text_args = set(inspect.signature(net.text_model.forward).parameters)
 

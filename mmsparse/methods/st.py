@@ -1,34 +1,35 @@
-"""mmsparse heads as sentence-transformers `SparseEncoder` models (`mmsparse export --format
-sentence-transformers`; needs the `st` extra).
+"""mmsparse heads as self-contained sentence-transformers `SparseEncoder` models (`mmsparse export
+--format sentence-transformers`; needs the `st` extra).
 
 A SparseEncoder is a stack of modules whose output is one weight per token id of a tokenizer
-(`decode` and sentence-transformers' search-engine helpers read the token strings). An exported
-head keeps that contract: its output spans the tokenizer's whole id space (30,522 for a BERT
-vocabulary), each head term at its tokenizer id (`token_ids`), every other id 0.
+(`decode` and sentence-transformers' search-engine helpers read the token strings). An export keeps
+that contract: its output spans the tokenizer's whole id space (30,522 for a BERT vocabulary), each
+head term at its tokenizer id (`token_ids`), every other id 0. Every module is sentence-transformers'
+own except one, `sparse_gates.SparseGates`, a torch-only file shipped inside the folder
+(methods/sparse_gates.py): the folder needs no mmsparse to load, encode or fine-tune.
 
-    inference-free head, route "query"   SparseStaticEmbedding alone: w_t = max(0, query_weight_t)
-                                         at the term's id, 0 for special tokens and ids outside the
-                                         head's vocabulary; the tokenizer's model_max_length = 128,
-                                         sentence-transformers tokenizes without special tokens, so
-                                         q = max(0, w) ⊙ 1[t among the caption's first 128 tokens]:
-                                         queries.py's encoder, loaded with sentence-transformers only
-    inference-free head, route "all"     Router: task "query" -> that module; "document" ->
-                                         DualEncoderHead (images -> image tower -> projection -> head)
-    d2s / joint head                     DualEncoderHead alone: texts through the text tower,
-                                         projection and head (D2S's `expand` queries), images through
-                                         the image tower (route "query": texts only)
+    d2s / joint head        Transformer (the dual encoder: get_text_features / get_image_features,
+                            the modality picks the tower) -> Normalize (encode-dense's L2) -> Dense
+                            (W1, no bias) -> LayerNorm (eps 1e-5) -> Dense (W2 + b) -> SparseGates
+                            (log(1 + ReLU), each side's top-k gate, the posting floor, caption-term
+                            queries, columns -> tokenizer ids). A joint head's tuned projections (and
+                            tuned final layers) are written into the Transformer's weights, a copy of
+                            the backbone, so its vectors are the joint head's dense vectors.
+    inference-free, "all"   Router: task "query" -> SparseStaticEmbedding (the term-weight table);
+                            "document" -> Transformer (images only) ... Dense (W2); then SparseGates
+                            (text rows, the table's output, pass through)
+    inference-free, "query" SparseStaticEmbedding alone: loads with trust_remote_code=False
+    route "query" of d2s / joint: the Transformer takes texts only.
 
-DualEncoderHead is the one module sentence-transformers lacks: mmsparse's backbone (backbones/) and
-head, saved in its folder as `dual_encoder/` (the transformers model, tokenizer, image processor)
-and `head/` (the head directory). sentence-transformers loads it from modules.json by its class
-path, so a full model needs mmsparse importable and, from sentence-transformers 6 on,
-`SparseEncoder(DIR, trust_remote_code=True)`. It computes what encode-dense then sparsify compute:
-the same backbone calls (tokenize at the dense files' max_length, the image processor, the towers
-under autocast at their `precision`), then head.encode_csr on the dense vectors.
+q_t of the table = max(0, w_t) at the term's id, 0 for special tokens and ids outside the head's
+vocabulary; the tokenizer's model_max_length is 128 and sentence-transformers tokenizes without
+special tokens, so q = max(0, w) ⊙ 1[t among the caption's first 128 tokens]: queries.py's encoder.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
@@ -36,9 +37,12 @@ import torch
 
 from ..errors import InputError
 from .inference_free.queries import MAX_TOKENS
+from .sparse_gates import FILE_NAME, QUERY_MODES, SparseGates
 
-ST_METHODS = ("d2s", "inference-free", "joint")   # heads with a text vocabulary and a dual-encoder input
-PRECISION_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+ST_METHODS = ("d2s", "inference-free", "joint")   # heads over pooled dense vectors with a text vocabulary
+ST_BACKBONES = ("hf-dual", "clip", "siglip")      # transformers dual encoders with get_*_features
+GATES_TYPE = f"{FILE_NAME.removesuffix('.py')}.{SparseGates.__name__}"   # its class path in modules.json
+LN_EPS = 1e-5   # sentence-transformers' LayerNorm module is nn.LayerNorm(dimension): eps fixed at 1e-5
 
 
 def require_st():
@@ -104,42 +108,193 @@ def static_query_module(head):
     return SparseStaticEmbedding(tokenizer=tok, weight=weight, frozen=False)
 
 
+def check_exportable(head, backbone: str | None, route: str) -> None:
+    """InputError, in one line saying why, for a head the export cannot express exactly."""
+    src = getattr(head, "source_dir", None) or "head"
+    why = {"vdr": "VDR pools vocabulary weights over each tower's per-position states (eq. 2-4: max over tokens "
+                  "and patches, elu1p, top-k with the caption's bag of words), not over one pooled vector as "
+                  "sentence-transformers' Transformer module gives it",
+           "bm25v": "its terms are visual words of a sparse autoencoder, not a tokenizer's ids",
+           "dense": "it writes dense vectors, not term weights"}
+    if head.method not in ST_METHODS:
+        raise InputError(f"{src}: a {head.method} head cannot be exported to sentence-transformers: "
+                         f"{why.get(head.method, 'its method is not one of ' + ', '.join(ST_METHODS))}; "
+                         "use `mmsparse sparsify` and `--format jsonl` for its vectors")
+    if head.config.get("center") == "mean":
+        raise InputError(f"{src}: a head trained with --center mean subtracts a per-modality mean the exported "
+                         "module stack has no place for; retrain with --center none to export it")
+    if abs(float(head.norm.eps) - LN_EPS) > 1e-12:
+        raise InputError(f"{src}: LayerNorm eps {head.norm.eps:g}; sentence-transformers' LayerNorm module "
+                         f"fixes eps at {LN_EPS:g}, so the export would not give the head's vectors")
+    if head.method == "inference-free" and route == "query":
+        return
+    if backbone not in ST_BACKBONES:
+        raise InputError(f"--backbone {backbone}: sentence-transformers' Transformer module runs transformers dual "
+                         f"encoders through get_text_features / get_image_features ({', '.join(ST_BACKBONES)}), "
+                         f"not {backbone}'s towers; export heads of those backbones")
+    if head.method == "joint" and (backbone == "siglip" or head.config.get("proj_bias")):
+        raise InputError(f"{src}: a joint head whose tuned projections have a bias or no layer of the model to "
+                         "hold them (SigLIP); the export writes them into the model's projection weights")
+
+
+def tower_module(head, backbone: str, model: str, max_length: int | None, modalities: list[str]):
+    """sentence-transformers' Transformer over the dual encoder `model`: texts (truncated at max_length
+    tokens, encode-dense's; default the backbone's, hf_dual.caption_tokens) through
+    get_text_features, images through get_image_features (the model's own image processor),
+    `modalities` only. A joint head's tuned projections and final layers are written into its
+    weights. InputError when the model has no such methods or its tokenizer is not the head's."""
+    from sentence_transformers.base.modules import Transformer
+    from transformers import AutoConfig
+
+    from ..backbones.hf_dual import caption_tokens
+
+    try:
+        kw = {"max_seq_length": caption_tokens(AutoConfig.from_pretrained(str(model)), max_length)}
+    except (OSError, ValueError, AttributeError) as e:
+        raise InputError(f"--model {model}: not a transformers dual encoder ({str(e).splitlines()[0]})") from None
+    if backbone == "siglip":   # SigLIP pools the last position: captions padded to max_length, as encode-dense
+        kw["processing_kwargs"] = {"text": {"padding": "max_length"}}
+    try:
+        t = Transformer(str(model), **kw)
+    except (OSError, ValueError) as e:
+        raise InputError(f"--model {model}: sentence-transformers cannot load it ({str(e).splitlines()[0]})") from None
+    methods = {m: (t.modality_config.get(m) or {}).get("method") for m in modalities}
+    want = {"text": "get_text_features", "image": "get_image_features"}
+    if any(methods[m] != want[m] for m in modalities):
+        raise InputError(f"--model {model}: sentence-transformers runs it as {methods}, not through "
+                         "get_text_features / get_image_features; export heads of transformers dual encoders")
+    t.modality_config = {m: t.modality_config[m] for m in modalities}
+    t.input_formatter.supported_modalities = list(modalities)
+    tok = head.tokenizer
+    if tok is not None and t.tokenizer is not None and tok.get_vocab() != t.tokenizer.get_vocab():
+        raise InputError(f"{getattr(head, 'source_dir', 'head')}: the head's terms are another tokenizer's than "
+                         f"{model}'s; an export outputs the model tokenizer's ids")
+    if head.method == "joint":
+        write_joint_towers(head, t.model)
+    return t
+
+
+def write_joint_towers(head, net) -> None:
+    """Write a joint head's tuned projections (and tuned final layers) into transformers dual encoder
+    `net` (visual_projection, text_projection, vision_model, text_model), in place."""
+    with torch.no_grad():
+        net.visual_projection.weight.copy_(head.image_proj.weight)
+        net.text_projection.weight.copy_(head.text_proj.weight)
+    if head.has_final:
+        head.text_final.copy_to(net.text_model)
+        head.image_final.copy_to(net.vision_model)
+
+
+def head_modules(head) -> list:
+    """sentence-transformers' Normalize, Dense (W1), LayerNorm, Dense (W2 + b) with the head's weights:
+    normalize(z) -> W2 · LN(W1 · z) + b, the pre-activations of the head's columns."""
+    from sentence_transformers.base.modules import Dense, Normalize
+    from sentence_transformers.sentence_transformer.modules import LayerNorm
+
+    w1, w2 = head.w1.weight.detach().float().cpu(), head.w2.weight.detach().float().cpu()
+    norm = LayerNorm(int(w1.shape[0]))
+    norm.norm.load_state_dict({k: v.detach().float().cpu() for k, v in head.norm.state_dict().items()})
+    return [Normalize(),
+            Dense(int(w1.shape[1]), int(w1.shape[0]), bias=False, activation_function=torch.nn.Identity(),
+                  init_weight=w1.clone()),
+            norm,
+            Dense(int(w2.shape[1]), int(w2.shape[0]), bias=True, activation_function=torch.nn.Identity(),
+                  init_weight=w2.clone(), init_bias=head.w2.bias.detach().float().cpu().clone())]
+
+
+def gates_module(head, tok, *, backbone: str | None, static_text: bool, query_mode: str) -> SparseGates:
+    """The SparseGates of `head` (top-k of each side, posting floor, token ids) over tokenizer `tok`."""
+    floor = hasattr(head, "doc_floor")
+    g = SparseGates(len(head.vocab), output_size(tok, head.token_ids.cpu().numpy()),
+                    image_top_k=head.top_k("image"), text_top_k=head.top_k("text"), floor=floor,
+                    query_mode=query_mode, static_text=static_text, special_ids=special_ids(tok),
+                    mmsparse={"method": head.method, "backbone": backbone, "config": head.config})
+    with torch.no_grad():
+        g.token_ids.copy_(head.token_ids.cpu())
+        if floor:
+            g.doc_floor.copy_(head.doc_floor.detach().float().cpu())
+    return g
+
+
 def build_encoder(head, *, route: str, backbone: str | None, model: str | None, max_length: int | None,
-                  precision: str):
-    """The SparseEncoder of `head` (module docstring): route "query" or "all". backbone, model,
-    max_length: the dual encoder DualEncoderHead loads (not needed for an inference-free query
-    route); precision fp32 | bf16 | fp16: the towers' autocast. InputError for other heads."""
+                  query_mode: str = "expand"):
+    """The SparseEncoder of `head` (module docstring): route "query" or "all"; backbone, model,
+    max_length: the dual encoder the Transformer module runs (not needed for an inference-free
+    query route); query_mode: what encode_query gives for texts (expand | caption-terms; the task
+    "caption-terms" or "expand" picks either per call). InputError for heads it cannot express."""
     require_st()
     from sentence_transformers import SparseEncoder
 
-    if head.method not in ST_METHODS:
-        raise InputError(f"{head.source_dir}: a {head.method} head; --format sentence-transformers exports "
-                         f"{', '.join(ST_METHODS)} heads (their terms are a tokenizer's)")
-    if head.method == "joint" and head.config.get("final_layers"):
-        raise InputError(f"{head.source_dir}: a joint head with tuned final layers; its export is not supported "
-                         "yet (joint heads with tuned projections only are)")
-    head.tokenizer = head_tokenizer(head)      # saved with the head; outputs are its ids
+    if query_mode not in QUERY_MODES:
+        raise InputError(f"--query-mode {query_mode!r}: use one of {', '.join(QUERY_MODES)}")
+    check_exportable(head, backbone, route)
+    head.tokenizer = tok = head_tokenizer(head)      # saved with the head; outputs are its ids
     if head.method == "inference-free" and route == "query":
         return SparseEncoder(modules=[static_query_module(head)], similarity_fn_name="dot")
-    if precision not in PRECISION_DTYPES:
-        raise InputError(f"--precision {precision!r}: use one of {', '.join(PRECISION_DTYPES)}")
-    from ..backbones.base import load_backbone
-
-    enc = load_backbone(backbone, model, "cpu", **({"max_length": int(max_length)} if max_length else {}))
     if head.method == "inference-free":
-        docs = DualEncoderHead(enc, head, backbone=backbone, precision=precision, modalities=["image"])
-        return SparseEncoder(modules=[_router().for_query_document([static_query_module(head)], [docs])],
-                             similarity_fn_name="dot")
+        if query_mode != "expand":
+            raise InputError("--query-mode: an inference-free head's queries are its term-weight table")
+        from sentence_transformers.base.modules import Router
+
+        docs = [tower_module(head, backbone, model, max_length, ["image"]), *head_modules(head)]
+        router = Router.for_query_document([static_query_module(head)], docs)
+        return SparseEncoder(modules=[router, gates_module(head, tok, backbone=backbone, static_text=True,
+                                                           query_mode=query_mode)], similarity_fn_name="dot")
     sides = ["text"] if route == "query" else ["image", "text"]
-    return SparseEncoder(modules=[DualEncoderHead(enc, head, backbone=backbone, precision=precision,
-                                                  modalities=sides)], similarity_fn_name="dot")
+    return SparseEncoder(modules=[tower_module(head, backbone, model, max_length, sides), *head_modules(head),
+                                  gates_module(head, tok, backbone=backbone, static_text=False,
+                                               query_mode=query_mode)], similarity_fn_name="dot")
+
+
+def save_encoder(encoder, out: Path) -> None:
+    """encoder.save(out), with SparseGates named by its file in the folder ("sparse_gates.SparseGates",
+    which sentence-transformers loads from `out`/sparse_gates.py with trust_remote_code=True, not
+    from mmsparse) and the sha256 of the towers' weights as saved (`mmsparse import` tells from it
+    whether a fine-tuning changed them)."""
+    encoder.save(str(out), create_model_card=False)
+    entries = json.loads((out / "modules.json").read_text(encoding="utf-8"))
+    for e in entries:
+        if e["type"].endswith(f".{SparseGates.__name__}"):
+            e["type"] = GATES_TYPE
+            cfg_path = out / e["path"] / "config.json"
+            cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+            cfg["mmsparse"]["towers_sha256"] = towers_sha256(out)
+            cfg_path.write_text(json.dumps(cfg, indent=2), encoding="utf-8")
+    (out / "modules.json").write_text(json.dumps(entries, indent=2), encoding="utf-8")
+
+
+def tower_dir(folder: Path) -> Path | None:
+    """The folder of an export's Transformer module (the dual encoder's weights): the root, or an
+    inference-free export's document route; None when it has none (a query-route export)."""
+    entries = json.loads((folder / "modules.json").read_text(encoding="utf-8"))
+    first = entries[0]
+    if first["type"].endswith(".Transformer"):
+        return folder / first["path"]
+    if first["type"].endswith(".Router"):
+        cfg = json.loads((folder / first["path"] / "router_config.json").read_text(encoding="utf-8"))
+        for mid, typ in cfg["types"].items():
+            if typ.endswith(".Transformer"):
+                return folder / first["path"] / mid
+    return None
+
+
+def towers_sha256(folder: Path) -> str | None:
+    """sha256 of the Transformer module's model.safetensors in an export folder (None without one)."""
+    d = tower_dir(folder)
+    if d is None or not (d / "model.safetensors").is_file():
+        return None
+    h = hashlib.sha256()
+    with open(d / "model.safetensors", "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def card_usage(method: str, route: str) -> list[str]:
     """The "Use" section of an exported model's card: loading and calling it from sentence-transformers."""
     only_st = method == "inference-free" and route == "query"
     load = 'model = SparseEncoder("DIR")' if only_st else \
-        'model = SparseEncoder("DIR", trust_remote_code=True)   # needs `pip install mmsparse`'
+        'model = SparseEncoder("DIR", trust_remote_code=True)   # runs sparse_gates.py from this folder'
     lines = ["```python", "from sentence_transformers import SparseEncoder", "", load,
              'q = model.encode_query(["a dog running on the beach"])   # sparse [1, vocabulary] tensor',
              "print(model.decode(q, top_k=10))                         # (token, weight) pairs"]
@@ -153,133 +308,10 @@ def card_usage(method: str, route: str) -> list[str]:
                      "no model), which needs nothing but sentence-transformers. Documents (images) are encoded "
                      "by the full export or by `mmsparse sparsify`.")
     else:
-        lines.append("The routes through the dual encoder are mmsparse's module (`mmsparse.methods.st.DualEncoderHead`: "
-                     "the dual encoder and the sparse head), loaded from `modules.json` by its class path: install "
-                     "mmsparse and pass `trust_remote_code=True`.")
+        lines.append("Every module is sentence-transformers' own (`Transformer`: the dual encoder; `Normalize`, "
+                     "`Dense`, `LayerNorm`: the sparse head's layers) except `sparse_gates.SparseGates`, the torch "
+                     "file `sparse_gates.py` in this folder (log(1 + ReLU), the top-k gate of each side, the posting "
+                     "floor, caption-term queries with `task=\"caption-terms\"`): loading runs it, hence "
+                     "`trust_remote_code=True`; mmsparse is not needed. The model fine-tunes with "
+                     "`SparseEncoderTrainer`, and `mmsparse import DIR -o HEAD` reads it back as a head.")
     return lines
-
-
-def _router():
-    """sentence-transformers' Router class."""
-    from sentence_transformers.base.modules import Router
-
-    return Router
-
-
-try:   # the base class of DualEncoderHead; without sentence-transformers (require_st refuses first) a stand-in
-    from sentence_transformers.base.modules.input_module import InputModule as _Base
-except ImportError:
-    _Base = torch.nn.Module
-
-
-class DualEncoderHead(_Base):
-    """sentence-transformers input module: images and/or texts -> an mmsparse dual encoder -> its
-    sparse head -> weights [B, n] float32 over the tokenizer's n ids (output_size).
-
-    encoder: an mmsparse Backbone (its towers become this module's `net`); head: a d2s,
-    inference-free or joint SparseHead; backbone: the Backbone's registry name (hf-dual, clip, ...);
-    modalities: what it encodes ("image", "text"); precision: autocast of the towers (fp32 | bf16 |
-    fp16), as the dense files were encoded (bf16 runs as bf16 wherever the model is loaded).
-    preprocess: PIL images or image paths -> pixel_values (the backbone's image processor), texts
-    -> the backbone's tokenizer batch (padding, truncation at its max_length).
-    forward: dense vectors as encode-dense writes them (joint: the head's tuned projection of the
-    pre-projection states), then head.encode_csr (top-k gates and posting floor included), each
-    head column scattered to its tokenizer id. Inference only (no gradient reaches the towers).
-    """
-
-    config_keys = ["backbone", "max_length", "precision", "modalities"]
-    save_in_root = False
-    forward_kwargs: set = set()
-
-    def __init__(self, encoder, head, *, backbone: str, precision: str = "fp32",
-                 modalities: list[str] = ("image", "text")):
-        super().__init__()
-        if precision not in PRECISION_DTYPES:
-            raise ValueError(f"precision {precision!r}: use one of {', '.join(PRECISION_DTYPES)}")
-        self.encoder, self.head = encoder, head.eval()
-        self.net = encoder.net                 # registered, so the model's .to(device) moves the towers
-        self.backbone, self.precision, self._modalities = str(backbone), str(precision), sorted(modalities)
-        self.max_length = int(encoder.max_length)
-        self.tokenizer = head.tokenizer or encoder.tokenizer   # of the output ids (decode); inputs: the encoder's
-        self.num_dimensions = output_size(self.tokenizer, head.token_ids.cpu().numpy())
-        self.max_seq_length = self.max_length if "text" in self._modalities else None
-        encoder.set_memory_format("auto")      # encode-dense's default layout
-
-    @property
-    def modalities(self) -> list[str]:
-        return list(self._modalities)
-
-    def get_embedding_dimension(self) -> int:
-        return self.num_dimensions
-
-    # -- inputs ------------------------------------------------------------------------------
-    def preprocess(self, inputs, prompt: str | None = None, **kwargs) -> dict:
-        """A batch of PIL images or image paths -> {"pixel_values", "mmsparse_side": "image"};
-        of texts -> the tokenizer batch + "mmsparse_side": "text". ValueError for a modality this
-        module does not encode (e.g. text documents of an inference-free model)."""
-        from sentence_transformers.base.modality import infer_batch_modality
-
-        from ..backbones.encode import load_image
-
-        modality = infer_batch_modality(list(inputs), supported_modalities=self.modalities)
-        if modality not in self._modalities:
-            raise ValueError(f"this mmsparse {self.head.method} module encodes {' and '.join(self._modalities)}, "
-                             f"not {modality} inputs" + (" (queries go through encode_query)"
-                                                         if modality == "text" else ""))
-        if modality == "image":
-            images = [load_image(Path(x)) if isinstance(x, (str, Path)) else x for x in inputs]
-            return {"pixel_values": self.encoder.preprocess_images(images), "mmsparse_side": "image"}
-        texts = [prompt + t for t in inputs] if prompt else list(inputs)
-        return {**self.encoder.tokenize(texts), "mmsparse_side": "text"}
-
-    # -- forward -----------------------------------------------------------------------------
-    def forward(self, features: dict, **kwargs) -> dict:
-        side = features["mmsparse_side"]
-        dev = next(self.net.parameters()).device
-        self.encoder.device = str(dev)
-        joint = self.head.method == "joint"
-        extras = ("pre_projection",) if joint else ()
-        dtype = PRECISION_DTYPES[self.precision]
-        ctx = torch.autocast(dev.type, dtype=dtype) if dtype is not None else torch.autocast(dev.type, enabled=False)
-        with ctx:
-            if side == "image":
-                res = self.encoder.encode_pixels(features["pixel_values"], extras)
-            else:
-                res = self.encoder.encode_tokens({k: v for k, v in features.items() if isinstance(v, torch.Tensor)},
-                                                 extras)
-        with torch.no_grad():
-            z = torch.from_numpy(res["pre_projection" if joint else "vectors"]).float().to(dev)
-            s = self.head.encode_csr(self.head.project(z, side) if joint else z, side=side).tocoo()
-        out = torch.zeros(z.shape[0], self.num_dimensions, dtype=torch.float32)
-        tid = self.head.token_ids.cpu()
-        out[torch.from_numpy(s.row.astype(np.int64)), tid[torch.from_numpy(s.col.astype(np.int64))]] = \
-            torch.from_numpy(s.data.astype(np.float32))
-        features["sentence_embedding"] = out.to(dev)
-        return features
-
-    # -- files -------------------------------------------------------------------------------
-    def save(self, output_path: str, *args, safe_serialization: bool = True, **kwargs) -> None:
-        """OUTPUT/config.json (config_keys), OUTPUT/dual_encoder/ (the transformers model, its
-        tokenizer and image processor, as backbones load them) and OUTPUT/head/ (save_pretrained)."""
-        out = Path(output_path)
-        self.save_config(str(out))
-        enc = out / "dual_encoder"
-        self.encoder.net.save_pretrained(str(enc), safe_serialization=safe_serialization)
-        self.encoder.tokenizer.save_pretrained(str(enc))
-        self.encoder.image_preprocessor.ip.save_pretrained(str(enc))
-        self.head.save_pretrained(out / "head")
-
-    @classmethod
-    def load(cls, model_name_or_path: str, subfolder: str = "", token=None, cache_folder=None, revision=None,
-             local_files_only: bool = False, **kwargs) -> "DualEncoderHead":
-        """The module saved by `save` in `model_name_or_path`/`subfolder` (a local directory or a
-        hub repository), on the CPU (the model's device setting moves it)."""
-        from ..backbones.base import load_backbone
-        from .head import load_head
-
-        hub = dict(token=token, cache_folder=cache_folder, revision=revision, local_files_only=local_files_only)
-        config = cls.load_config(model_name_or_path, subfolder=subfolder, **hub)
-        local = Path(cls.load_dir_path(model_name_or_path, subfolder=subfolder, **hub))
-        enc = load_backbone(config["backbone"], local / "dual_encoder", "cpu", max_length=int(config["max_length"]))
-        return cls(enc, load_head(local / "head"), backbone=config["backbone"], precision=config["precision"],
-                   modalities=config["modalities"])
