@@ -246,3 +246,58 @@ def test_batches_by_image_bring_each_image_with_all_its_captions():
                 assert len(set(imgs)) == len(rows)              # 20 distinct images of the 20 in the buffer
             assert np.array_equal(xi[local][:, 0, 0], imgs)        # each caption's image column
         assert sorted(seen) == list(range(len(cap_img)))
+
+
+def test_k_per_side_is_read_from_the_head_at_call_time(vdr_run):
+    """A FLOPs controller moves k between epochs by writing the head's config: the training gate
+    reads k_train when the loss runs (more unused dimensions V \\ T(B) at a smaller k), validation
+    reads k_query / k_doc (terms per query and image)."""
+    from mmsparse.methods.base import TrainInputs
+    from mmsparse.methods.vdr.config import VDRConfig
+    from mmsparse.methods.vdr.method import VDR
+
+    root, _, _ = vdr_run
+    method = VDR(VDRConfig(vocab_model=str(root / "vocab-model"), vocab_min_df=1, vdr_train_k=4, batch_size=2))
+    head, train, val = method.setup(TrainInputs(root / "train-images.h5", root / "train-captions.h5",
+                                                root / "val-images.h5", root / "val-captions.h5"))
+    assert head.config["k_train"] == 4
+    batch = next(iter(method.batches(train, torch.Generator().manual_seed(0), 0)))
+    unused = {}
+    for k in (1, 8):
+        head.config["k_train"] = k
+        unused[k] = method.loss(head, batch, 0, torch.Generator().manual_seed(0), "cpu")[1]["unused"]
+    assert unused[1] > unused[8]
+    for kq, kd in ((2, 3), (5, 7)):
+        head.config.update(k_query=kq, k_doc=kd)
+        r = method.validate(head, val)
+        assert r["d_nnz"] == kd and kq <= r["q_nnz"] <= kq + 3
+
+
+def test_ungated_vectors_gate_to_the_validation_vectors(vdr_run):
+    """ungated_vectors: every term of l2n(V) per row (queries, images) and the bags of words; gated
+    at any k they are the vectors validation and sparsify use (encode_split), and their figures
+    are validation's."""
+    from mmsparse.methods.base import TrainInputs
+    from mmsparse.methods.vdr.config import VDRConfig
+    from mmsparse.methods.vdr.method import VDR, encode_split, evaluate, ungated_vectors
+
+    root, head_dir, _ = vdr_run
+    head = load_head(head_dir)
+    fresh, _, val = VDR(VDRConfig(vocab_model=str(root / "vocab-model"), vocab_min_df=1)).setup(
+        TrainInputs(root / "train-images.h5", root / "train-captions.h5", root / "val-images.h5",
+                    root / "val-captions.h5"))
+    assert torch.equal(fresh.token_ids, head.token_ids)     # val.bows are the saved head's columns
+    u = ungated_vectors(head, val)
+    v = head.config["vocab_size"]
+    assert u.queries.shape == (val.captions.n, v) and u.images.shape == (val.images.n, v)
+    assert u.queries.dtype == u.images.dtype == np.float32 and u.queries.nnz == val.captions.n * v
+    assert np.allclose(np.linalg.norm(u.images.toarray(), axis=1), 1, atol=1e-5)
+    for kq, kd in ((1, 2), (3, 5)):
+        q, d = u.gated(kq, kd)
+        want_q = encode_split(head, val.captions, "text", kq, "vdr", val.bows).toarray()
+        want_d = encode_split(head, val.images, "image", kd).toarray()
+        assert np.allclose(q.toarray(), want_q, atol=1e-6) and np.allclose(d.toarray(), want_d, atol=1e-6)
+        assert u.figures(kq, kd, val.cap_img)["R@10"] == evaluate(head, val, kq, kd)["R@10"]
+    small = ungated_vectors(head, val, keep=3)
+    assert np.allclose(small.gated(2, 3)[0].toarray(), u.gated(2, 3)[0].toarray(), atol=1e-6)
+    assert (np.diff(small.images.indptr) == 3).all()

@@ -25,10 +25,10 @@
 #   VDR_DENSE_FLAGS  the dense baseline's own flags on top
 #   VDR_K            the k of documents and parametric queries (default 512, chosen on validation: the paper's
 #                    k = d); VDR_K_PAPER the table's second sparsity (default 48: 1.7 % of the 2,810 terms, the
-#                    paper's share of its 30,522)
+#                    paper's share of its 29,522)
 VDR_STATES      ?= $(JOINT_STATES)
 # The schedule, chosen on validation (docs/vdr.md "Schedule"; VDR's defaults are the paper's App. A: 20 epochs
-# of batch 4096 at 2e-4 on 30,522 terms, days of CPU here):
+# of batch 4096 at 2e-4 on 29,522 terms, days of CPU here):
 VDR_SCHEDULE    ?= --epochs 4 --batch-size 256 --lr 1e-3 --lr-warmup 0.1 --lr-schedule cosine --batch-by image \
                    --final-lr 1e-4 --select-metric R@10
 VDR_FLAGS       ?= --vocab-min-df 5 --vdr-train-k 48 --vdr-query-k 512 --vdr-doc-k 512 --vdr-image-init words
