@@ -301,3 +301,71 @@ def test_ungated_vectors_gate_to_the_validation_vectors(vdr_run):
     small = ungated_vectors(head, val, keep=3)
     assert np.allclose(small.gated(2, 3)[0].toarray(), u.gated(2, 3)[0].toarray(), atol=1e-6)
     assert (np.diff(small.images.indptr) == 3).all()
+
+
+def test_seeds_table_means_spreads_and_tests(tmp_path):
+    """`python -m mmsparse.methods.vdr seeds`: mean ± sd (ddof 1) over seeds, the share of the reference's
+    R@10, Welch's t-test over seeds (scipy's), and each seed's per-query p that its evaluation recorded
+    against the other row's run of that seed."""
+    import json
+    import subprocess
+    import sys
+
+    from scipy.stats import ttest_ind
+
+    def write(name, r10, r1, run, **extra):
+        p = tmp_path / f"{name}.json"
+        p.write_text(json.dumps({"R@1": r1, "R@5": 0.4, "R@10": r10, "FLOPs": 9.0, "run": str(tmp_path / run),
+                                 **extra}))
+        return str(p)
+
+    dense = [write(f"d{s}", r, 0.2, f"d{s}.trec") for s, r in ((1, 0.63), (2, 0.64), (3, 0.62))]
+    vdr = [write(f"v{s}", r, 0.18, f"v{s}.trec", dense_run=str(tmp_path / f"d{s}.trec"),
+                 **{"p_vs_dense_corrected_R@10": p, "p_vs_dense_corrected_R@1": 0.5})
+           for s, r, p in ((1, 0.60, 0.01), (2, 0.61, 0.02), (3, 0.59, 0.03))]
+    out = tmp_path / "t.md"
+    r = subprocess.run([sys.executable, "-m", "mmsparse.methods.vdr", "seeds", f"dense={','.join(dense)}",
+                        f"VDR (k = 4/8)={','.join(vdr)}", "--reference", "dense", "--versus", "VDR (k = 4/8)=dense",
+                        "-o", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.with_suffix(".json").read_text())
+    row = data["rows"][1]["R@10"]
+    assert row["mean"] == pytest.approx(0.60) and row["sd"] == pytest.approx(0.01) and row["seeds"] == [0.6, 0.61, 0.59]
+    v = data["versus"][0]["R@10"]
+    assert v["p_seeds"] == pytest.approx(ttest_ind([0.6, 0.61, 0.59], [0.63, 0.64, 0.62], equal_var=False).pvalue)
+    assert v["p_per_query"] == [0.01, 0.02, 0.03] and v["diff"] == pytest.approx(-0.03)
+    md = out.read_text()
+    assert "| VDR (k = 4/8) | 3 | 18.0 ± 0.0 | 40.0 ± 0.0 | 60.0 ± 1.0 | 0.952 | 9.00 ± 0.00 |" in md
+    r = subprocess.run([sys.executable, "-m", "mmsparse.methods.vdr", "seeds", f"dense={dense[0]}", "--versus",
+                        "VDR=dense", "-o", str(tmp_path / "x.md")], capture_output=True, text=True)
+    assert r.returncode == 2 and "--versus 'VDR=dense': no such pair" in r.stderr and not (tmp_path / "x.md").exists()
+
+
+def test_make_vdr_trains_each_seed_and_tests_against_its_dense_run(tmp_path):
+    """`make -n vdr` in the Flickr8k example: a VDR and a dense head per seed (--seed S), every point's
+    runs evaluated against the same seed's dense run, one seeds table over them."""
+    import shlex
+    import subprocess
+
+    from mmsparse import settings
+    p = subprocess.run(["make", "--no-print-directory", "-n", "-C", str(settings.REPO_ROOT / "examples" / "flickr8k"),
+                        "vdr", f"WORK={tmp_path}", "VDR_POINTS=8/16 512/512"], capture_output=True, text=True,
+                       env={**__import__("os").environ, "MAKEFLAGS": ""})
+    assert p.returncode == 0, p.stderr
+    cmds = [shlex.split(c) for c in p.stdout.replace("\\\n", " ").splitlines() if c.strip()]
+
+    def flag(c, name):
+        return [c[i + 1] for i, w in enumerate(c[:-1]) if w == name]
+    train = {flag(c, "-o")[0].rsplit("/", 1)[1]: c for c in cmds if c[1:2] == ["train-head"]}
+    assert sorted(train) == ["vdr-dense-s1", "vdr-dense-s2", "vdr-dense-s3", "vdr-s1", "vdr-s2", "vdr-s3"]
+    for name, c in train.items():
+        assert flag(c, "--seed") == [name[-1]] and flag(c, "--method") == ["dense" if "dense" in name else "vdr"]
+    assert flag(train["vdr-s2"], "--vdr-query-k") == ["8"] and flag(train["vdr-s2"], "--vdr-doc-k") == ["16"]
+    evals = {flag(c, "-o")[0].rsplit("/", 1)[1]: c for c in cmds if c[1:2] == ["eval"]}
+    for s in (1, 2, 3):
+        for name in (f"vdr-s{s}-q8-d16.json", f"vdr-bow-s{s}-d16.json", f"vdr-s{s}-q512-d512.json"):
+            assert flag(evals[name], "--dense-run") == [f"{tmp_path}/runs/vdr-dense-s{s}.trec"]
+    table = [c for c in cmds if c[1:4] == ["-m", "mmsparse.methods.vdr", "seeds"]]
+    assert len(table) == 1 and f"VDR (k = 8/16)={tmp_path}/eval/vdr-s1-q8-d16.json,{tmp_path}/eval/vdr-s2-q8-d16.json," \
+        f"{tmp_path}/eval/vdr-s3-q8-d16.json" in table[0]
+    assert flag(table[0], "--versus")[0] == "VDR (k = 8/16)=dense trained alike"

@@ -1,7 +1,10 @@
 """python -m mmsparse.methods.vdr curve HEAD_DIR... -o OUT.png: validation R@10 per epoch of VDR
 (parametric and bag-of-words queries) and dense heads (docs/vdr.md "Convergence").
 python -m mmsparse.methods.vdr clouds LABEL=SPARSE_IMAGES.h5... -o OUT.png [--top N]: word clouds of
-the mean term weights over the images of each file (VDR paper Fig. 7)."""
+the mean term weights over the images of each file (VDR paper Fig. 7).
+python -m mmsparse.methods.vdr seeds LABEL=EVAL_JSON[,EVAL_JSON...]... [--reference LABEL] [--versus A=B]...
+-o OUT.md: mean ± standard deviation over seeds, tests over seeds and per query (make vdr's table; also
+OUT.json)."""
 
 import sys
 
@@ -9,10 +12,33 @@ from ...errors import InputError
 from ...options import split_argv
 
 USAGE = ("usage: python -m mmsparse.methods.vdr curve HEAD_DIR... -o OUT.png | "
-         "clouds LABEL=SPARSE_IMAGES.h5... -o OUT.png [--top N]")
+         "clouds LABEL=SPARSE_IMAGES.h5... -o OUT.png [--top N] | "
+         "seeds LABEL=EVAL_JSON[,EVAL_JSON...]... [--reference LABEL] [--versus A=B]... -o OUT.md")
 args = sys.argv[1:]
-if not args or args[0] not in ("curve", "clouds"):
+if not args or args[0] not in ("curve", "clouds", "seeds"):
     sys.exit(USAGE)
+if args[0] == "seeds":
+    import argparse
+    import json
+    from pathlib import Path
+
+    from ...atomic import write_text_atomic
+    from .seeds import seeds_table
+    ap = argparse.ArgumentParser(prog="python -m mmsparse.methods.vdr seeds")
+    ap.add_argument("rows", nargs="+", help="LABEL=EVAL_JSON[,EVAL_JSON...]: one row, an evaluation per seed")
+    ap.add_argument("--reference", help="row whose mean R@10 the shares divide by (default: the first)")
+    ap.add_argument("--versus", action="append", default=[], help="A=B: test row A against row B")
+    ap.add_argument("-o", required=True, help="the markdown table (the figures also in OUT.json)")
+    a = ap.parse_args(args[1:])
+    try:
+        md, data = seeds_table(a.rows, a.versus, a.reference)
+    except InputError as e:
+        print(f"mmsparse: {e}", file=sys.stderr)
+        sys.exit(2)
+    write_text_atomic(a.o, md)
+    write_text_atomic(Path(a.o).with_suffix(".json"), json.dumps(data, indent=1) + "\n")
+    print(md)
+    sys.exit(0)
 opts, rest = split_argv(args[1:], ("-o", "--top"))   # each of those flags takes the next argument
 out = opts.get("-o")
 if not out or not rest:
