@@ -303,6 +303,40 @@ def test_ungated_vectors_gate_to_the_validation_vectors(vdr_run):
     assert (np.diff(small.images.indptr) == 3).all()
 
 
+def test_ksweep_grid_is_validation_at_each_k_and_chooses_under_the_limits(vdr_run, tmp_path):
+    """`python -m mmsparse.methods.vdr ksweep`: every grid point's figures are validation's at that
+    k_query / k_doc (evaluate), VDR^α's those of bag-of-words queries; the chosen point is the best R@10
+    under the FLOPs limit whose VDR^α keeps the asked share; a bad --ks is refused with exit 2."""
+    import json
+    import subprocess
+    import sys
+
+    from mmsparse.methods.vdr.ksweep import choose, open_head_split
+    from mmsparse.methods.vdr.method import evaluate
+
+    root, head_dir, _ = vdr_run
+    out = tmp_path / "ks.json"
+    cmd = [sys.executable, "-m", "mmsparse.methods.vdr", "ksweep", str(head_dir), str(root / "val-images.h5"),
+           str(root / "val-captions.h5"), "-o", str(out), "--ks", "2,5", "--max-flops", "1e9", "--min-alpha", "0"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert [(x["k_query"], x["k_doc"]) for x in res["rows"]] == [(2, 2), (5, 2), (2, 5), (5, 5)]
+    head = load_head(head_dir)
+    val = open_head_split(head, head_dir, root / "val-images.h5", root / "val-captions.h5")
+    for x in res["rows"]:
+        want = evaluate(head, val, x["k_query"], x["k_doc"])
+        assert (x["R@10"], x["R@1"], x["d_nnz"]) == (want["R@10"], want["R@1"], x["k_doc"])
+        assert x["FLOPs"] == pytest.approx(want["FLOPs"]) and x["bow_R@10"] == want["bow"]["R@10"]
+    best = max(res["rows"], key=lambda x: (x["R@10"], -x["FLOPs"]))
+    assert res["chosen"] == best and out.with_suffix(".md").is_file()
+    rows = [{"R@10": 0.6, "FLOPs": 12.0, "bow_R@10": 0.5}, {"R@10": 0.58, "FLOPs": 9.0, "bow_R@10": 0.4},
+            {"R@10": 0.57, "FLOPs": 8.0, "bow_R@10": 0.45}, {"R@10": 0.57, "FLOPs": 7.0, "bow_R@10": 0.45}]
+    assert choose(rows, 10, 0.75) == rows[3] and choose(rows, 10, 0.0) == rows[1] and choose(rows, 5) is None
+    r = subprocess.run(cmd[:-6] + ["--ks", "0,4"], capture_output=True, text=True)
+    assert r.returncode == 2 and "--ks '0,4'" in r.stderr
+
+
 def test_seeds_table_means_spreads_and_tests(tmp_path):
     """`python -m mmsparse.methods.vdr seeds`: mean ± sd (ddof 1) over seeds, the share of the reference's
     R@10, Welch's t-test over seeds (scipy's), and each seed's per-query p that its evaluation recorded
