@@ -36,8 +36,9 @@ VDR_BUFFER_ROWS ?= 16384
 VDR_SCHEDULE    ?= --epochs $(VDR_EPOCHS) --batch-size $(VDR_BATCH_SIZE) --batch-by $(VDR_BATCH_BY) --lr $(VDR_LR) \
                    --lr-schedule cosine --lr-warmup 0.05 --final-lr $(VDR_FINAL_LR) --vdr-buffer-rows $(VDR_BUFFER_ROWS) \
                    --select-metric R@10
-# the paper's: the whole BERT vocabulary (30,522 terms), k = 512 in training and at inference (1.7 %), the image
-# head from random weights (§3.3 a), pooled over the image patches (no [CLS]: App. A's 49 positions)
+# the paper's: the whole BERT vocabulary (30,522 terms here; the paper drops the unused ones: 29,522), k = 512 in
+# training and at inference (1.7 %), the image head from random weights (§3.3 a), pooled over the image patches
+# (no [CLS]: App. A's 49 positions)
 VDR_FLAGS       ?= --vocab-min-df 0 --vdr-train-k 512 --vdr-query-k 512 --vdr-doc-k 512 --vdr-image-init random \
                    --no-vdr-image-cls
 VDR_DENSE_FLAGS ?=

@@ -246,3 +246,160 @@ def test_batches_by_image_bring_each_image_with_all_its_captions():
                 assert len(set(imgs)) == len(rows)              # 20 distinct images of the 20 in the buffer
             assert np.array_equal(xi[local][:, 0, 0], imgs)        # each caption's image column
         assert sorted(seen) == list(range(len(cap_img)))
+
+
+def test_k_per_side_is_read_from_the_head_at_call_time(vdr_run):
+    """A FLOPs controller moves k between epochs by writing the head's config: the training gate
+    reads k_train when the loss runs (more unused dimensions V \\ T(B) at a smaller k), validation
+    reads k_query / k_doc (terms per query and image)."""
+    from mmsparse.methods.base import TrainInputs
+    from mmsparse.methods.vdr.config import VDRConfig
+    from mmsparse.methods.vdr.method import VDR
+
+    root, _, _ = vdr_run
+    method = VDR(VDRConfig(vocab_model=str(root / "vocab-model"), vocab_min_df=1, vdr_train_k=4, batch_size=2))
+    head, train, val = method.setup(TrainInputs(root / "train-images.h5", root / "train-captions.h5",
+                                                root / "val-images.h5", root / "val-captions.h5"))
+    assert head.config["k_train"] == 4
+    batch = next(iter(method.batches(train, torch.Generator().manual_seed(0), 0)))
+    unused = {}
+    for k in (1, 8):
+        head.config["k_train"] = k
+        unused[k] = method.loss(head, batch, 0, torch.Generator().manual_seed(0), "cpu")[1]["unused"]
+    assert unused[1] > unused[8]
+    for kq, kd in ((2, 3), (5, 7)):
+        head.config.update(k_query=kq, k_doc=kd)
+        r = method.validate(head, val)
+        assert r["d_nnz"] == kd and kq <= r["q_nnz"] <= kq + 3
+
+
+def test_ungated_vectors_gate_to_the_validation_vectors(vdr_run):
+    """ungated_vectors: every term of l2n(V) per row (queries, images) and the bags of words; gated
+    at any k they are the vectors validation and sparsify use (encode_split), and their figures
+    are validation's."""
+    from mmsparse.methods.base import TrainInputs
+    from mmsparse.methods.vdr.config import VDRConfig
+    from mmsparse.methods.vdr.method import VDR, encode_split, evaluate, ungated_vectors
+
+    root, head_dir, _ = vdr_run
+    head = load_head(head_dir)
+    fresh, _, val = VDR(VDRConfig(vocab_model=str(root / "vocab-model"), vocab_min_df=1)).setup(
+        TrainInputs(root / "train-images.h5", root / "train-captions.h5", root / "val-images.h5",
+                    root / "val-captions.h5"))
+    assert torch.equal(fresh.token_ids, head.token_ids)     # val.bows are the saved head's columns
+    u = ungated_vectors(head, val)
+    v = head.config["vocab_size"]
+    assert u.queries.shape == (val.captions.n, v) and u.images.shape == (val.images.n, v)
+    assert u.queries.dtype == u.images.dtype == np.float32 and u.queries.nnz == val.captions.n * v
+    assert np.allclose(np.linalg.norm(u.images.toarray(), axis=1), 1, atol=1e-5)
+    for kq, kd in ((1, 2), (3, 5)):
+        q, d = u.gated(kq, kd)
+        want_q = encode_split(head, val.captions, "text", kq, "vdr", val.bows).toarray()
+        want_d = encode_split(head, val.images, "image", kd).toarray()
+        assert np.allclose(q.toarray(), want_q, atol=1e-6) and np.allclose(d.toarray(), want_d, atol=1e-6)
+        assert u.figures(kq, kd, val.cap_img)["R@10"] == evaluate(head, val, kq, kd)["R@10"]
+    small = ungated_vectors(head, val, keep=3)
+    assert np.allclose(small.gated(2, 3)[0].toarray(), u.gated(2, 3)[0].toarray(), atol=1e-6)
+    assert (np.diff(small.images.indptr) == 3).all()
+
+
+def test_ksweep_grid_is_validation_at_each_k_and_chooses_under_the_limits(vdr_run, tmp_path):
+    """`python -m mmsparse.methods.vdr ksweep`: every grid point's figures are validation's at that
+    k_query / k_doc (evaluate), VDR^α's those of bag-of-words queries; the chosen point is the best R@10
+    under the FLOPs limit whose VDR^α keeps the asked share; a bad --ks is refused with exit 2."""
+    import json
+    import subprocess
+    import sys
+
+    from mmsparse.methods.vdr.ksweep import choose, open_head_split
+    from mmsparse.methods.vdr.method import evaluate
+
+    root, head_dir, _ = vdr_run
+    out = tmp_path / "ks.json"
+    cmd = [sys.executable, "-m", "mmsparse.methods.vdr", "ksweep", str(head_dir), str(root / "val-images.h5"),
+           str(root / "val-captions.h5"), "-o", str(out), "--ks", "2,5", "--max-flops", "1e9", "--min-alpha", "0"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert [(x["k_query"], x["k_doc"]) for x in res["rows"]] == [(2, 2), (5, 2), (2, 5), (5, 5)]
+    head = load_head(head_dir)
+    val = open_head_split(head, head_dir, root / "val-images.h5", root / "val-captions.h5")
+    for x in res["rows"]:
+        want = evaluate(head, val, x["k_query"], x["k_doc"])
+        assert (x["R@10"], x["R@1"], x["d_nnz"]) == (want["R@10"], want["R@1"], x["k_doc"])
+        assert x["FLOPs"] == pytest.approx(want["FLOPs"]) and x["bow_R@10"] == want["bow"]["R@10"]
+    best = max(res["rows"], key=lambda x: (x["R@10"], -x["FLOPs"]))
+    assert res["chosen"] == best and out.with_suffix(".md").is_file()
+    rows = [{"R@10": 0.6, "FLOPs": 12.0, "bow_R@10": 0.5}, {"R@10": 0.58, "FLOPs": 9.0, "bow_R@10": 0.4},
+            {"R@10": 0.57, "FLOPs": 8.0, "bow_R@10": 0.45}, {"R@10": 0.57, "FLOPs": 7.0, "bow_R@10": 0.45}]
+    assert choose(rows, 10, 0.75) == rows[3] and choose(rows, 10, 0.0) == rows[1] and choose(rows, 5) is None
+    r = subprocess.run(cmd[:-6] + ["--ks", "0,4"], capture_output=True, text=True)
+    assert r.returncode == 2 and "--ks '0,4'" in r.stderr
+
+
+def test_seeds_table_means_spreads_and_tests(tmp_path):
+    """`python -m mmsparse.methods.vdr seeds`: mean ± sd (ddof 1) over seeds, the share of the reference's
+    R@10, Welch's t-test over seeds (scipy's), and each seed's per-query p that its evaluation recorded
+    against the other row's run of that seed."""
+    import json
+    import subprocess
+    import sys
+
+    from scipy.stats import ttest_ind
+
+    def write(name, r10, r1, run, **extra):
+        p = tmp_path / f"{name}.json"
+        p.write_text(json.dumps({"R@1": r1, "R@5": 0.4, "R@10": r10, "FLOPs": 9.0, "run": str(tmp_path / run),
+                                 **extra}))
+        return str(p)
+
+    dense = [write(f"d{s}", r, 0.2, f"d{s}.trec") for s, r in ((1, 0.63), (2, 0.64), (3, 0.62))]
+    vdr = [write(f"v{s}", r, 0.18, f"v{s}.trec", dense_run=str(tmp_path / f"d{s}.trec"),
+                 **{"p_vs_dense_corrected_R@10": p, "p_vs_dense_corrected_R@1": 0.5})
+           for s, r, p in ((1, 0.60, 0.01), (2, 0.61, 0.02), (3, 0.59, 0.03))]
+    out = tmp_path / "t.md"
+    r = subprocess.run([sys.executable, "-m", "mmsparse.methods.vdr", "seeds", f"dense={','.join(dense)}",
+                        f"VDR (k = 4/8)={','.join(vdr)}", "--reference", "dense", "--versus", "VDR (k = 4/8)=dense",
+                        "-o", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.with_suffix(".json").read_text())
+    row = data["rows"][1]["R@10"]
+    assert row["mean"] == pytest.approx(0.60) and row["sd"] == pytest.approx(0.01) and row["seeds"] == [0.6, 0.61, 0.59]
+    v = data["versus"][0]["R@10"]
+    assert v["p_seeds"] == pytest.approx(ttest_ind([0.6, 0.61, 0.59], [0.63, 0.64, 0.62], equal_var=False).pvalue)
+    assert v["p_per_query"] == [0.01, 0.02, 0.03] and v["diff"] == pytest.approx(-0.03)
+    md = out.read_text()
+    assert "| VDR (k = 4/8) | 3 | 18.0 ± 0.0 | 40.0 ± 0.0 | 60.0 ± 1.0 | 0.952 | 9.00 ± 0.00 |" in md
+    r = subprocess.run([sys.executable, "-m", "mmsparse.methods.vdr", "seeds", f"dense={dense[0]}", "--versus",
+                        "VDR=dense", "-o", str(tmp_path / "x.md")], capture_output=True, text=True)
+    assert r.returncode == 2 and "--versus 'VDR=dense': no such pair" in r.stderr and not (tmp_path / "x.md").exists()
+
+
+def test_make_vdr_trains_each_seed_and_tests_against_its_dense_run(tmp_path):
+    """`make -n vdr` in the Flickr8k example: a VDR and a dense head per seed (--seed S), every point's
+    runs evaluated against the same seed's dense run, one seeds table over them."""
+    import shlex
+    import subprocess
+
+    from mmsparse import settings
+    p = subprocess.run(["make", "--no-print-directory", "-n", "-C", str(settings.REPO_ROOT / "examples" / "flickr8k"),
+                        "vdr", f"WORK={tmp_path}", "VDR_POINTS=8/16 512/512"], capture_output=True, text=True,
+                       env={**__import__("os").environ, "MAKEFLAGS": ""})
+    assert p.returncode == 0, p.stderr
+    cmds = [shlex.split(c) for c in p.stdout.replace("\\\n", " ").splitlines() if c.strip()]
+
+    def flag(c, name):
+        return [c[i + 1] for i, w in enumerate(c[:-1]) if w == name]
+    train = {flag(c, "-o")[0].rsplit("/", 1)[1]: c for c in cmds if c[1:2] == ["train-head"]}
+    assert sorted(train) == ["vdr-dense-s1", "vdr-dense-s2", "vdr-dense-s3", "vdr-s1", "vdr-s2", "vdr-s3"]
+    for name, c in train.items():
+        assert flag(c, "--seed") == [name[-1]] and flag(c, "--method") == ["dense" if "dense" in name else "vdr"]
+    assert flag(train["vdr-s2"], "--vdr-query-k") == ["8"] and flag(train["vdr-s2"], "--vdr-doc-k") == ["16"]
+    evals = {flag(c, "-o")[0].rsplit("/", 1)[1]: c for c in cmds if c[1:2] == ["eval"]}
+    for s in (1, 2, 3):
+        for name in (f"vdr-s{s}-q8-d16.json", f"vdr-bow-s{s}-d16.json", f"vdr-s{s}-q512-d512.json"):
+            assert flag(evals[name], "--dense-run") == [f"{tmp_path}/runs/vdr-dense-s{s}.trec"]
+    table = [c for c in cmds if c[1:4] == ["-m", "mmsparse.methods.vdr", "seeds"]]
+    assert len(table) == 1 and f"VDR (k = 8/16)={tmp_path}/eval/vdr-s1-q8-d16.json,{tmp_path}/eval/vdr-s2-q8-d16.json," \
+        f"{tmp_path}/eval/vdr-s3-q8-d16.json" in table[0]
+    assert flag(table[0], "--versus")[0] == "VDR (k = 8/16)=dense trained alike"

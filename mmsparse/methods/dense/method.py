@@ -89,13 +89,13 @@ class Dense(Method):
         return data   # final-layer inputs stream from disk batch by batch; loss() moves each batch
 
     def param_groups(self, head) -> list[dict]:
-        """The projections (lr, no weight decay, as joint's), τ (lr, no decay), the final layers
-        (final_lr, default lr; no decay; frozen with --freeze-final-layer)."""
+        """As VDR's groups: the projections (lr, --weight-decay: they hold the place of VDR's heads), τ
+        (lr, no decay), the final layers (final_lr, default lr; no decay; frozen with --freeze-final-layer)."""
         final = head.final_params()
         for p in final:
             p.requires_grad_(self.cfg.tune_final_layer)
         lr = self.cfg.lr if self.cfg.final_lr is None else self.cfg.final_lr
-        return [{"params": head.proj_params(), "weight_decay": 0.0}, {"params": [head.log_tau], "weight_decay": 0.0},
+        return [{"params": head.proj_params()}, {"params": [head.log_tau], "weight_decay": 0.0},
                 {"params": [p for p in final if p.requires_grad], "lr": lr, "weight_decay": 0.0}]
 
     def steps_per_epoch(self, train: Split) -> int:

@@ -87,26 +87,39 @@ class States:
         self.f.close()
 
 
-def caption_token_sets(path: str | Path, tokenizer, special_ids) -> list[np.ndarray]:
-    """Bag of words of each caption as sorted unique tokenizer ids (int64, special tokens dropped):
-    the stored token_ids where the file has them, else the tokenized `texts`."""
+def caption_token_sets(path: str | Path, tokenizer, special_ids, check: int = 256) -> list[np.ndarray]:
+    """Bag of words of each caption as sorted unique ids of `tokenizer` (int64, special tokens dropped):
+    the stored token_ids where they are this tokenizer's (the first `check` untruncated captions
+    tokenize to them again; unchecked without a tokenizer or texts), else the tokenized `texts`
+    (token_ids of another tokenizer, e.g. the backbone's under --vocab-model, name other terms).
+    InputError (one line) when the file has neither."""
 
     special = np.asarray(sorted(special_ids), dtype=np.int64)
     with open_read(path) as f:
+        texts = read_strings(f["texts"]) if "texts" in f else None
         if "token_ids" in f and "token_mask" in f:
-            ids = []
+            ids, full = [], []
             for s in range(0, f["token_ids"].shape[0], 65536):
                 t, m = f["token_ids"][s:s + 65536], f["token_mask"][s:s + 65536].astype(bool)
+                full += list(m.all(1))          # every position real: the caption may have been cut
                 for row, mk in zip(t, m):
                     a = np.unique(row[mk].astype(np.int64))
                     ids.append(a[~np.isin(a, special)])
-            return ids
-        if "texts" not in f:
-            raise InputError(f"{path}: neither token_ids nor texts; re-run encode-dense on captions")
-        texts = read_strings(f["texts"])
+            if tokenizer is None or texts is None or _same_tokenizer(ids, full, texts, tokenizer, check):
+                return ids
+    if texts is None:
+        raise InputError(f"{path}: neither token_ids nor texts; re-run encode-dense on captions")
     if tokenizer is None:
         raise InputError(f"{path}: no token_ids and no tokenizer to make bags of words from its texts")
     return caption_token_ids(tokenizer, texts)
+
+
+def _same_tokenizer(ids: list[np.ndarray], full: list[bool], texts: list[str], tokenizer, n: int) -> bool:
+    """Whether the stored bags `ids` are `tokenizer`'s: its bags of the first n captions not cut by the
+    encoder's length (`full` False) equal them."""
+    rows = [i for i in range(min(n, len(texts))) if not full[i]] or list(range(min(n, len(texts))))
+    fresh = caption_token_ids(tokenizer, [texts[i] for i in rows])
+    return all(np.array_equal(ids[i], a) for i, a in zip(rows, fresh))
 
 
 @dataclass

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...checks import warn
 from ..head import SparseHead
 from ..towers import TunedTowers
 
@@ -62,6 +63,9 @@ def l2n(x: torch.Tensor) -> torch.Tensor:
     return x / x.norm(dim=-1, keepdim=True).clamp_min(1e-12)
 
 
+# torch's own switch (off by default: the check costs a pass; `with torch.sparse.check_sparse_tensor_invariants():`
+# turns it on), passed explicitly so torch does not warn that it is implicitly off
+CHECK = torch.sparse.check_sparse_tensor_invariants.is_enabled
 MAX_CHUNK_ELEMENTS = 1 << 25   # Wx^T elements per chunk of _MaxPoolLinear (128 MiB in float32)
 
 
@@ -86,7 +90,7 @@ class _MaxPoolLinear(torch.autograd.Function):
     def forward(ctx, x, weight, bias, lengths, chunk):
         nv, b = weight.shape[0], x.shape[0]
         out = torch.empty(nv, b, device=x.device, dtype=weight.dtype)
-        ctx.parts = []
+        parts, saved = [], []
         fits = max(1, MAX_CHUNK_ELEMENTS // max(1, nv * x.shape[1]))
         same = b > 0 and bool(lengths[0] == lengths[-1])     # images: no padding to skip
         rows = min(b, fits) if same else min(chunk, fits)
@@ -101,22 +105,24 @@ class _MaxPoolLinear(torch.autograd.Function):
                 ut.masked_fill_(pad.unsqueeze(0), float("-inf"))
             val, idx = ut.max(-1)
             out[:, c0:c1] = val
-            ctx.parts.append((c0, c1, lc, xc, idx))
+            parts.append((c0, c1, lc))
+            saved += [xc, idx]
             c0 = c1
-        ctx.nv = nv
-        ctx.save_for_backward(weight)
-        ctx.x_shape = x.shape
+        ctx.nv, ctx.parts, ctx.x_shape = nv, parts, x.shape
+        # saved through autograd, not on ctx: a second backward (retain_graph=True) sees them again, and
+        # without retain_graph torch refuses it instead of returning zeros
+        ctx.save_for_backward(weight, *saved)
         return out.t()
 
     @staticmethod
     def backward(ctx, g):
         nv = ctx.nv
-        (weight,) = ctx.saved_tensors
+        weight, *saved = ctx.saved_tensors
         want_dx = ctx.needs_input_grad[0]
         gt = g.t().float()
         gw = None
         dx = torch.zeros(ctx.x_shape, device=g.device, dtype=torch.float32) if want_dx else None
-        for c0, c1, lc, xc, idx in ctx.parts:
+        for (c0, c1, lc), xc, idx in zip(ctx.parts, saved[0::2], saved[1::2]):
             gc = gt[:, c0:c1]
             v_i, b_i = torch.nonzero(gc, as_tuple=True)     # sorted by v: CSR order
             if v_i.numel() == 0:
@@ -124,17 +130,18 @@ class _MaxPoolLinear(torch.autograd.Function):
             crow = torch.zeros(nv + 1, dtype=torch.int64, device=gc.device)
             crow[1:] = torch.cumsum(torch.bincount(v_i, minlength=nv), 0)
             pos = b_i * lc + idx[v_i, b_i]                  # row of xc each (v, b) maximum came from
-            s = torch.sparse_csr_tensor(crow, pos, gc[v_i, b_i], (nv, xc.shape[0]), check_invariants=False)
+            # a valid CSR (torch's check_invariants=True accepts it): within row v the columns b·lc + idx rise with b
+            s = torch.sparse_csr_tensor(crow, pos, gc[v_i, b_i], (nv, xc.shape[0]), check_invariants=CHECK())
             part = s @ xc.float()
             gw = part if gw is None else gw.add_(part)
             if want_dx:                                     # the same entries transposed: [n·lc, |V|] @ W
-                order = torch.argsort(pos.int())         # unstable is fine: a row's entries may go in any order
+                # stable: each row's columns v stay in the rising order nonzero gave them (CSR requires it)
+                order = torch.argsort(pos, stable=True)
                 rcrow = torch.zeros(xc.shape[0] + 1, dtype=torch.int64, device=gc.device)
                 rcrow[1:] = torch.cumsum(torch.bincount(pos, minlength=xc.shape[0]), 0)
                 st = torch.sparse_csr_tensor(rcrow, v_i[order], gc[v_i, b_i][order], (xc.shape[0], nv),
-                                             check_invariants=False)
+                                             check_invariants=CHECK())
                 dx[c0:c1, :lc] = (st @ weight.float()).view(c1 - c0, lc, -1)
-        ctx.parts = []
         return dx, gw, g.sum(0), None, None      # gw None = no gradient reached W
 
 
@@ -192,7 +199,9 @@ class DSTHead(nn.Module):
 class VDRHead(TunedTowers, SparseHead):
     """config: dim (pooled d), vocab_size (|V|), omega (ω), text_input / image_input
     ("final_input" | "token_states" | "patch_states" | "vectors"), text_hidden / image_hidden (h of
-    each tower's position states), k_query / k_doc (default inference top-k), tau (initial
+    each tower's position states), k_query / k_doc (top-k of queries and documents at validation and
+    sparsify), k_train (top-k of the queries' training gate), all read at call time, so a FLOPs
+    controller may change them between epochs; tau (initial
     temperature), pool ("max" | "mean"), vocab_source, special_ids (tokenizer ids never in a bag of
     words), `training` provenance; with final layers also final_layers, final_layers_source,
     final_layers_tuned (methods/towers.py), image_skip_cls (the image head pools the patches, not the
@@ -222,17 +231,18 @@ class VDRHead(TunedTowers, SparseHead):
     @classmethod
     def from_vocab(cls, vocab, dim: int, text_hidden: int, image_hidden: int, text_input: str,
                    image_input: str, k_query: int = 512, k_doc: int = 512, tau: float = 0.07,
-                   training: dict | None = None, pool: str = "max") -> "VDRHead":
+                   training: dict | None = None, pool: str = "max", k_train: int = 512) -> "VDRHead":
         """A fresh head over `vocab` (mmsparse.vocab.Vocab). Each tower's W <- vocab.embeddings when
-        its input width equals ω, else N(0, 0.02²); b = 0; LN γ = 1, β = 0. Seed torch first."""
+        its input width equals ω, else N(0, 0.02²); b = 0; LN γ = 1, β = 0. Seed torch first.
+        config text_init records which the text head got; "random" also warns on stderr (one line)."""
         emb = torch.as_tensor(vocab.embeddings, dtype=torch.float32)
         tok = vocab.tokenizer
         special = sorted(int(i) for i in (getattr(tok, "all_special_ids", None) or []))
         cfg = {"dim": int(dim), "vocab_size": int(emb.shape[0]), "omega": int(emb.shape[1]),
                "text_hidden": int(text_hidden), "image_hidden": int(image_hidden),
                "text_input": text_input, "image_input": image_input, "k_query": int(k_query),
-               "k_doc": int(k_doc), "tau": float(tau), "pool": pool, "vocab_source": vocab.source,
-               "special_ids": special, "training": dict(training or {})}
+               "k_doc": int(k_doc), "k_train": int(k_train), "tau": float(tau), "pool": pool,
+               "vocab_source": vocab.source, "special_ids": special, "training": dict(training or {})}
         head = cls(cfg, vocab.terms)
         with torch.no_grad():
             for tower in (head.text, head.image):
@@ -242,6 +252,12 @@ class VDRHead(TunedTowers, SparseHead):
                     tower.proj.weight.normal_(0.0, 0.02)
                 tower.proj.bias.zero_()
             head.token_ids.copy_(torch.as_tensor(vocab.token_ids, dtype=torch.int64))
+        head.config["text_init"] = "embeddings" if int(text_hidden) == emb.shape[1] else "random"
+        if head.config["text_init"] == "random":   # App. C: without the MLM init the paper's VDR does not converge
+            warn(f"vdr: the text head starts from random weights, not the vocabulary's embeddings: its inputs are "
+                 f"h={int(text_hidden)} wide, the embeddings of {vocab.source or 'the vocabulary model'} ω="
+                 f"{emb.shape[1]}; pass --vocab-model with a {int(text_hidden)}-wide model (the paper, App. C: VDR "
+                 f"fails without this init)")
         head.tokenizer = tok
         return head
 

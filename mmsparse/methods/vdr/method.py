@@ -13,7 +13,7 @@ queries `vdr`: l2n(V_q ⊙ G_q) with k = k_query; `bow`: the binary bag of words
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
@@ -87,6 +87,59 @@ def evaluate(head: VDRHead, split: Split, k_query: int, k_doc: int) -> dict:
     return out
 
 
+class UngatedVectors(NamedTuple):
+    """A head's vectors of one split before its top-k gates (ungated_vectors), float32 CSR:
+    queries [Nq, |V|] = l2n(V_q), images [Ni, |V|] = l2n(V_p), bows [Nq, |V|] 0/1 (each caption's
+    bag of words, which the query gate always keeps open)."""
+
+    queries: sp.csr_matrix
+    images: sp.csr_matrix
+    bows: sp.csr_matrix
+
+    def gated(self, k_query: int, k_doc: int, chunk: int = 1024) -> tuple[sp.csr_matrix, sp.csr_matrix]:
+        """(queries, images) CSR float32 with the gates at k_query / k_doc, as validation and sparsify
+        write them: queries l2n(V_q ⊙ (top_k(V_q) ∪ bow)), images top_k(l2n(V_p))."""
+        def rows(m, fn):   # fn(dense rows [n, |V|], first row) -> gated rows, chunk by chunk
+            parts = [sp.csr_matrix(fn(torch.from_numpy(m[s:s + chunk].toarray()), s).numpy())
+                     for s in range(0, m.shape[0], chunk)]
+            return sp.vstack(parts, format="csr") if parts else m.copy()
+        q = rows(self.queries,
+                 lambda v, s: l2n(v * gate(v, k_query, torch.from_numpy(self.bows[s:s + chunk].toarray()))))
+        return q, rows(self.images, lambda p, s: p * topk_mask(p, k_doc))
+
+    def figures(self, k_query: int, k_doc: int, cap_img: np.ndarray) -> dict:
+        """`validate`'s figures (R@k, MRR@10, FLOPs, q_nnz, d_nnz) at k_query / k_doc; cap_img [Nq]
+        int64: each caption's image row."""
+        return sparse_retrieval_metrics(*self.gated(k_query, k_doc), cap_img)
+
+
+@torch.no_grad()
+def ungated_vectors(head: VDRHead, split: Split, keep: int | None = None, batch: int = 256) -> UngatedVectors:
+    """The vectors of `split` (its captions with split.bows, its images) through `head` without the
+    top-k gates, so a controller can choose k per side on validation: UngatedVectors(queries
+    l2n(V_q) [Nq, |V|], images l2n(V_p) [Ni, |V|], bows [Nq, |V|] 0/1), CSR float32. keep: each
+    row keeps only its `keep` largest terms (queries also their bag of words), bounding memory
+    for large vocabularies (then any k <= keep gates exactly as sparsify); None = every term."""
+    head.eval()
+    v = int(head.config["vocab_size"])
+    dev = next(head.parameters()).device
+    out = {"text": [], "image": [], "bow": []}
+    for side, states in (("text", split.captions), ("image", split.images)):
+        for s in range(0, states.n, batch):
+            e = min(states.n, s + batch)
+            x, m = states.read(s, e)
+            u = l2n(head(torch.from_numpy(np.asarray(x, dtype=np.float32)).to(dev),
+                         torch.from_numpy(m.astype(np.float32)).to(dev) if m is not None else None, side))
+            bw = indicator(pad_ids(split.bows[s:e], v), v).to(dev) if side == "text" else None
+            if keep is not None:
+                u = u * gate(u, keep, bw)
+            out[side].append(sp.csr_matrix(u.cpu().numpy()))
+            if bw is not None:
+                out["bow"].append(sp.csr_matrix(bw.cpu().numpy()))
+    empty = sp.csr_matrix((0, v), dtype=np.float32)
+    return UngatedVectors(*(sp.vstack(out[k], format="csr") if out[k] else empty for k in ("text", "image", "bow")))
+
+
 class VDR(Method):
     """Vocabulary Disentangled Retrieval: elu1p weights over token/patch states, top-k gating
     united with the bag of words, bag-of-words queries (VDR^α)."""
@@ -132,7 +185,7 @@ class VDR(Method):
         torch.manual_seed(cfg.seed)
         head = VDRHead.from_vocab(voc, int(ac["dim"]), hidden["text"], hidden["image"], train.captions.name,
                                   train.images.name, cfg.vdr_query_k, cfg.vdr_doc_k, cfg.vdr_temperature,
-                                  self.training, pool=cfg.vdr_pool)
+                                  self.training, pool=cfg.vdr_pool, k_train=cfg.vdr_train_k)
         head.config.update(text_input_width=train.captions.hidden, image_input_width=train.images.hidden)
         if final:
             head.set_final_layers(layers["text"], layers["image"],
@@ -186,7 +239,8 @@ class VDR(Method):
                                     for t in load_batch(train, item, int(head.config["vocab_size"])))
         v_q = head(xc, mc, "text")
         v_p = head(xi, None, "image")
-        loss, parts = vdr_loss(v_q, v_p, bow, cap_img, self.cfg.vdr_train_k, head.scale, self.cfg.vdr_cts_mask,
+        k = int(head.config.get("k_train", self.cfg.vdr_train_k))   # at call time: a controller may move it
+        loss, parts = vdr_loss(v_q, v_p, bow, cap_img, k, head.scale, self.cfg.vdr_cts_mask,
                                self.cfg.vdr_np_entry, generator)
         self.tau = float(1.0 / head.scale.detach())
         return loss, parts

@@ -1,0 +1,93 @@
+"""VDR's inference k per side chosen on validation (docs/vdr.md "VDR at a sparse budget"):
+
+    python -m mmsparse.methods.vdr ksweep HEAD_DIR IMAGES.h5 CAPTIONS.h5 -o OUT.json \
+        [--ks 16,24,32,48,64,96,128,192,512] [--max-flops 10] [--min-alpha 0.75]
+
+One pass of the head over the split without gates (method.ungated_vectors), then every k_query x
+k_doc of the grid gated from those vectors exactly as `sparsify` writes them: VDR (queries top-k_query
+united with their bag of words, images top-k_doc) and VDR^α (bag-of-words queries against the same
+images). The chosen point: the best R@10 with FLOPs <= --max-flops whose VDR^α keeps at least
+--min-alpha of it (ties: fewer FLOPs). The training k is the head's; only inference k moves.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ...errors import InputError
+from ...metrics.exhaustive import sparse_retrieval_metrics
+from ...vocab import to_columns
+from ..head import load_head, require_tokenizer
+from .head import VDRHead
+from .data import Split, caption_token_sets, open_split
+from .method import UngatedVectors, ungated_vectors
+
+KS = (16, 24, 32, 48, 64, 96, 128, 192, 512)
+FIGS = ("R@1", "R@5", "R@10", "MRR@10", "FLOPs", "q_nnz", "d_nnz")
+
+
+def open_head_split(head, head_dir: str | Path, images: str | Path, captions: str | Path) -> Split:
+    """The split of two dense files as `head` reads them (its inputs), each caption's bag of words in
+    the head's columns through the head's tokenizer. InputError on unpaired files or no tokenizer."""
+    want = {"text": head.config["text_input"], "image": head.config["image_input"]}
+    split = open_split(Path(images), Path(captions), None, want)
+    tok = require_tokenizer(head, head_dir)
+    split.bows = to_columns(caption_token_sets(captions, tok, set(head.config.get("special_ids", []))),
+                            head.token_ids.numpy())
+    return split
+
+
+def sweep(u: UngatedVectors, cap_img: np.ndarray, ks_query, ks_doc) -> list[dict]:
+    """One row per (k_query, k_doc): VDR's FIGS, and VDR^α's R@1 / R@10 / FLOPs under bow_* (bag-of-words
+    queries against the images at k_doc; independent of k_query). cap_img [Nq] int64: each caption's
+    image row. Fractions (R@k) and FLOPs as `sparse_retrieval_metrics` gives them."""
+    rows = []
+    for kd in ks_doc:
+        docs = u.gated(1, kd)[1]
+        a = sparse_retrieval_metrics(u.bows, docs, cap_img)
+        for kq in ks_query:
+            r = sparse_retrieval_metrics(u.gated(kq, kd)[0], docs, cap_img)
+            rows.append({"k_query": int(kq), "k_doc": int(kd), **{k: float(r[k]) for k in FIGS},
+                         "bow_R@1": float(a["R@1"]), "bow_R@10": float(a["R@10"]), "bow_FLOPs": float(a["FLOPs"])})
+    return rows
+
+
+def choose(rows: list[dict], max_flops: float, min_alpha: float = 0.75) -> dict | None:
+    """The row of best R@10 among those with FLOPs <= max_flops and bow_R@10 >= min_alpha x R@10
+    (ties: fewer FLOPs); None when no row qualifies."""
+    ok = [r for r in rows if r["FLOPs"] <= max_flops and r["bow_R@10"] >= min_alpha * r["R@10"]]
+    return min(ok, key=lambda r: (-r["R@10"], r["FLOPs"])) if ok else None
+
+
+def run(head_dir: str, images: str, captions: str, ks=KS, max_flops: float = 10.0, min_alpha: float = 0.75) -> dict:
+    """The sweep of one head over one split: {head, images, captions, max_flops, min_alpha, rows, chosen,
+    best_any_alpha} (chosen: `choose`; best_any_alpha: the same without the VDR^α condition)."""
+    head = load_head(head_dir)
+    if not isinstance(head, VDRHead):
+        raise InputError(f"{head_dir}: a {type(head).__name__}; ksweep needs a VDR head (train-head --method vdr)")
+    split = open_head_split(head, head_dir, images, captions)
+    try:
+        rows = sweep(ungated_vectors(head, split), split.cap_img, ks, ks)
+    finally:
+        split.captions.close()
+        split.images.close()
+    return {"head": str(head_dir), "images": str(images), "captions": str(captions), "k_train": head.config.get("k_train"),
+            "max_flops": max_flops, "min_alpha": min_alpha, "rows": rows,
+            "chosen": choose(rows, max_flops, min_alpha), "best_any_alpha": choose(rows, max_flops, 0.0)}
+
+
+def summary(res: dict) -> str:
+    """Markdown: the chosen point and the best ten rows under the FLOPs limit (R@k in %)."""
+    lim = res["max_flops"]
+    ok = sorted((r for r in res["rows"] if r["FLOPs"] <= lim), key=lambda r: (-r["R@10"], r["FLOPs"]))[:10]
+    out = [f"{res['head']} on {res['captions']}: best R@10 at FLOPs <= {lim:g}",
+           "", "| k_query | k_doc | R@1 | R@10 | FLOPs | VDR^α R@10 | VDR^α / VDR | VDR^α FLOPs |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    out += [f"| {r['k_query']} | {r['k_doc']} | {100 * r['R@1']:.1f} | {100 * r['R@10']:.1f} | {r['FLOPs']:.2f} "
+            f"| {100 * r['bow_R@10']:.1f} | {r['bow_R@10'] / max(r['R@10'], 1e-9):.2f} | {r['bow_FLOPs']:.2f} |" for r in ok]
+    c = res["chosen"]
+    out += ["", (f"chosen (VDR^α >= {res['min_alpha']:g} x VDR): k_query {c['k_query']}, k_doc {c['k_doc']}"
+                 if c else f"no point with FLOPs <= {lim:g} keeps VDR^α >= {res['min_alpha']:g} x VDR")]
+    return "\n".join(out) + "\n"
