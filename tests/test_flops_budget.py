@@ -333,3 +333,21 @@ def test_make_frontier_trains_every_budget_and_seed(tmp_path):
     (tmp_path / "frontier" / "table.md").write_text("an older table")
     train, _ = dry("FRONTIER_D2S=3", "FRONTIER_IF=", "FRONTIER_JOINT=", "FRONTIER_SEEDS=1")
     assert set(train) == {"front-d2s-3-s1"} and (tmp_path / "frontier" / "rows.txt").read_text().count("D2S=") == 1
+
+
+def test_a_schedule_too_short_for_the_budget_says_so(pair_files, tmp_path, capsys):
+    """A budget the schedule cannot reach (2 epochs, FLOPs 0.05) is not saved silently: one warning line
+    says no epoch kept the limit, from what FLOPs the budget had to tighten and how many epochs it needs."""
+    import re
+
+    import mmsparse
+
+    torch.set_num_threads(1)
+    mmsparse.train_head(pair_files / "train-images.h5", pair_files / "train-captions.h5", out=tmp_path / "head",
+                        epochs=2, batch_size=64, l1_warmup=0, target_flops=0.05)
+    err = capsys.readouterr().err
+    m = re.search(r"no epoch kept images held out of training \(25 images\) FLOPs <= 0.0575; saved the lowest, "
+                  r"([\d.]+); the schedule is too short: from ([\d,.]+) at epoch 1 .* needs about (\d+) more epochs "
+                  r"and 1 followed", err)
+    assert m, err
+    assert float(m.group(1)) > 0.0575 and int(m.group(3)) >= 2

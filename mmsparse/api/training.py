@@ -97,7 +97,7 @@ def train_head(train_images: str | Path | None = None, train_captions: str | Pat
         _warn_if_dense(out, sample, vocab_size, f"a sample of {sample.get('images', 0):,} training",
                        "training sample's")
     if budget is not None and "FLOPs" in v:
-        _report_budget(rep, out, chosen, budget, m.training.get("holdout"))
+        _report_budget(rep, out, chosen, budget, m.training.get("holdout"), res.history)
     _warn_if_collapsed(out, res.history, res.best_epoch - 1, cfg.select_metric)
     rep.log(f"saved epoch {res.best_epoch} to {out}"
             + (f" (val R@1 {v['R@1']:.4f}, R@10 {v['R@10']:.4f}" + (f", FLOPs {v['FLOPs']:.1f}" if "FLOPs" in v else "")
@@ -123,18 +123,28 @@ def _warn_if_dense(out: Path, val: dict, vocab_size: int, split: str = "validati
              f"vectors will be slow; {DENSE_FIX}")
 
 
-def _report_budget(rep, out: Path, chosen: dict, budget, holdout: dict | None) -> None:
+def _report_budget(rep, out: Path, chosen: dict, budget, holdout: dict | None, history: list[dict]) -> None:
     """--target-flops: one line saying where the saved epoch landed (its FLOPs, gates and multiplier,
-    and which images measured them), a warning when over the limit."""
+    and which images measured them); over the limit, a warning saying why the schedule was too short:
+    the FLOPs of the first validated epoch, the epochs the budget needs from there at the controller's
+    fastest tightening (x2 an epoch, mmsparse.methods.budget.RATIO) and the epochs that followed."""
+    import math
+
     from ..checks import warn
+    from ..methods.budget import RATIO
 
     flops = chosen["val"]["FLOPs"]
     split = f"{holdout['source']} ({holdout['images']:,} images)" if holdout else "validation"
     gates = chosen.get("gates") or {}
     gated = ", gates " + " / ".join(f"{s} {k or 'none'}" for s, k in gates.items()) if gates else ""
     if flops > budget.limit:
-        warn(f"{out}: --target-flops {budget.target:g}: no epoch kept {split} FLOPs <= {budget.limit:.3g}; "
-             f"saved the lowest, {flops:.2f}; train longer (--epochs) or start sparser (a larger --eta)")
+        seen = [(h["epoch"], h["val"]["FLOPs"]) for h in history if "FLOPs" in (h.get("val") or {})]
+        e0, f0 = seen[0]
+        need = max(1, math.ceil(math.log(f0 / budget.limit) / math.log(RATIO)))
+        warn(f"{out}: --target-flops {budget.target:g}: no epoch kept {split} FLOPs <= {budget.limit:.3g}; saved the "
+             f"lowest, {flops:.2f}; the schedule is too short: from {f0:,.1f} at epoch {e0} the budget tightens at most "
+             f"x{RATIO:g} an epoch, so it needs about {need} more epochs and {len(seen) - 1} followed; raise --epochs "
+             f"(or start sparser: a larger --eta, smaller --query-top-k / --doc-top-k)")
     else:
         rep.log(f"--target-flops {budget.target:g}: {split} FLOPs {flops:.2f} ({flops / budget.target:.2f} x the "
                 f"budget){gated}, sparsity weights x{chosen.get('eta_scale', 1.0):.3g}")
