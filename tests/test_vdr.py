@@ -337,6 +337,85 @@ def test_ksweep_grid_is_validation_at_each_k_and_chooses_under_the_limits(vdr_ru
     assert r.returncode == 2 and "--ks '0,4'" in r.stderr
 
 
+SMALL_KS = (2, 3, 5, 8)   # the tiny vocabulary (~20 terms) saturates ksweep.KS (16 ... 512)
+
+
+def _budget_head(vdr_run, out, monkeypatch, val=True, **options):
+    """A 1-epoch VDR head of vdr_run's files trained with `options` through the API, one thread, the
+    budget sweeping SMALL_KS; returns (head, its log lines)."""
+    import mmsparse
+    from mmsparse.methods.vdr import ksweep
+    from mmsparse.progress import Reporter
+
+    class Lines(Reporter):
+        def __init__(self):
+            self.lines = []
+
+        def log(self, message):
+            self.lines.append(message)
+
+    root, _, _ = vdr_run
+    monkeypatch.setattr(ksweep, "KS", SMALL_KS)
+    rep = Lines()
+    vals = dict(val_images=root / "val-images.h5", val_captions=root / "val-captions.h5") if val else {}
+    mmsparse.train_head(root / "train-images.h5", root / "train-captions.h5", out=out, method="vdr", threads=1,
+                        epochs=1, batch_size=16, vocab_model=str(root / "vocab-model"), vocab_min_df=1, vdr_train_k=4,
+                        vdr_query_k=3, vdr_doc_k=5, progress=rep, **vals, **options)
+    return load_head(out), rep.lines
+
+
+def test_target_flops_sets_inference_k_on_validation_under_the_budget(vdr_run, tmp_path, monkeypatch):
+    """--target-flops F: the saved head's k_query / k_doc are ksweep.choose's point under F on the
+    validation files (the VDR^α share rule at 0.75), their validation FLOPs (evaluate: the vectors
+    sparsify writes) are <= F, k_train is untouched, training.flops_budget records it, one log line."""
+    from mmsparse.methods.vdr.ksweep import choose, open_head_split, run
+    from mmsparse.methods.vdr.method import evaluate
+
+    root, fixture_head, _ = vdr_run
+    flops = sorted(r["FLOPs"] for r in run(fixture_head, root / "val-images.h5", root / "val-captions.h5",
+                                          SMALL_KS, 1e9, 0.0)["rows"])
+    target = float(flops[len(flops) // 2])          # a budget inside the grid's range: some points fit, some not
+    head_dir = tmp_path / "head"
+    head, lines = _budget_head(vdr_run, head_dir, monkeypatch, target_flops=target)
+    rec = head.config["training"]["flops_budget"]
+    res = run(head_dir, root / "val-images.h5", root / "val-captions.h5", SMALL_KS, target, 0.75)
+    want = res["chosen"] or choose(res["rows"], target, 0.0)
+    assert want is not None and (rec["rule"] == "choose") == (res["chosen"] is not None)
+    assert (head.config["k_query"], head.config["k_doc"]) == (rec["k_query"], rec["k_doc"]) \
+        == (want["k_query"], want["k_doc"])
+    assert head.config["k_train"] == 4 and rec["train_gates"]["k_query"] == 3 and rec["train_gates"]["k_doc"] == 5
+    assert rec["split"] == "val" and rec["target"] == target and rec["within"] and rec["grid"] == list(SMALL_KS)
+    assert (rec["images"], rec["captions"]) == (10, 20) and rec["point"] == want
+    val = open_head_split(head, head_dir, root / "val-images.h5", root / "val-captions.h5")
+    got = evaluate(head, val, head.config["k_query"], head.config["k_doc"])
+    assert got["FLOPs"] <= target and got["FLOPs"] == pytest.approx(rec["point"]["FLOPs"])
+    assert got["R@10"] == rec["point"]["R@10"] and got["d_nnz"] == head.config["k_doc"]
+    said = [x for x in lines if x.startswith(f"--target-flops {target:g}: validation (10 images, 20 captions)")]
+    assert len(said) == 1 and f"k_query {rec['k_query']} / k_doc {rec['k_doc']}" in said[0], lines
+
+
+def test_target_flops_out_of_reach_warns_and_without_validation_the_training_sample_decides(
+        vdr_run, tmp_path, monkeypatch, capsys):
+    """No grid point under F: one warning naming the smallest FLOPs reached, and the head keeps that
+    point (not a silent miss). Without validation files the record and the line say the training
+    sample decided (all 40 training images of this tiny set, with their 80 captions)."""
+    from mmsparse.methods.vdr.ksweep import run
+
+    root, _, _ = vdr_run
+    head_dir = tmp_path / "head"
+    head, _ = _budget_head(vdr_run, head_dir, monkeypatch, val=False, target_flops=1e-3)
+    rec = head.config["training"]["flops_budget"]
+    assert rec["split"] == "train_sample" and (rec["images"], rec["captions"]) == (40, 80)
+    assert rec["rule"] == "fewest_flops" and not rec["within"]
+    rows = run(head_dir, root / "train-images.h5", root / "train-captions.h5", SMALL_KS, 1e9, 0.0)["rows"]
+    low = min(rows, key=lambda r: (r["FLOPs"], -r["R@10"]))
+    assert (head.config["k_query"], head.config["k_doc"]) == (low["k_query"], low["k_doc"])
+    assert rec["point"]["FLOPs"] == pytest.approx(low["FLOPs"]) and low["FLOPs"] > 1e-3
+    err = [x for x in capsys.readouterr().err.splitlines() if "--target-flops" in x]
+    assert len(err) == 1 and "warning" in err[0] and "the training sample decided" in err[0]
+    assert f"the smallest reached is {low['FLOPs']:.2f}" in err[0]
+
+
 def test_seeds_table_means_spreads_and_tests(tmp_path):
     """`python -m mmsparse.methods.vdr seeds`: mean ± sd (ddof 1) over seeds, the share of the reference's
     R@10, Welch's t-test over seeds (scipy's), and each seed's per-query p that its evaluation recorded

@@ -102,6 +102,8 @@ def train_head(train_images: str | Path | None = None, train_captions: str | Pat
     rep.log(f"saved epoch {res.best_epoch} to {out}"
             + (f" (val R@1 {v['R@1']:.4f}, R@10 {v['R@10']:.4f}" + (f", FLOPs {v['FLOPs']:.1f}" if "FLOPs" in v else "")
                + ")" if "R@1" in v else "")
+            + (" at the training-time k; with the budget's inference k see the line above"
+               if (m.training.get("flops_budget") or {}).get("point") else "")
             + f" in {time.time() - t0:.0f}s")
     return out
 

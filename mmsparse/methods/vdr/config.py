@@ -68,3 +68,13 @@ class VDRConfig(PairSchedule, VocabConfig):
                                  "nor on stored patch_states.", paper="patches only (App. A: 49 positions)")
     vdr_pool: str = option("max", "Pooling over positions: max (eq. 3) or mean (the Figure 3 ablation).",
                            choices=("max", "mean"), paper="max (eq. 3)")
+    target_flops: float | None = option(None, "A FLOPs budget F (FLOPs, eq. 1: expected shared terms per "
+                                        "query-image pair). After training, the saved epoch's head is swept over "
+                                        "the inference top-k of each side (k_query x k_doc on the ksweep grid, "
+                                        "16 ... 512) on the validation files (never test), and the head keeps the "
+                                        "pair of best R@10 with FLOPs <= F whose VDR^α keeps >= 0.75 of it "
+                                        "(ksweep.choose); none under F: a warning and the fewest-FLOPs pair. "
+                                        "Without validation files a seeded sample of 1,000 training images and "
+                                        "their captions decides (said in the log). Training k (--vdr-train-k) does "
+                                        "not move. Recorded in config.json (training.flops_budget). docs/vdr.md. "
+                                        "Default: off.", min=1e-3, paper="– (not in the paper)")

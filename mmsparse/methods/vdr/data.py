@@ -15,7 +15,7 @@ from ...errors import InputError
 from ...formats._h5 import read_strings
 from ...formats.sharded import open_read  # a file or a sharded directory
 from ...vocab import caption_token_ids, indicator, pad_ids
-from ..pairs import caption_image_ids
+from ..pairs import caption_image_ids, sample_rows
 
 STATE_SETS = {"text": "token_states", "image": "patch_states"}
 MASKS = {"token_states": "token_mask", "final_input": "final_mask"}
@@ -154,6 +154,38 @@ def open_split(images: Path, captions: Path, qrels: Path | None, want: dict | No
     want = want or {}
     return Split(States(captions, "text", want.get("text")), States(images, "image", want.get("image")),
                  np.array([row[i] for i in of], dtype=np.int64), [], img_ids, cap_ids)
+
+
+class RowView:
+    """Rows `rows` (int64, any order) of a States, read as a States of their own: n, read(lo, hi) and
+    read_rows(rows) index the view (the parent's shapes and dtypes); close() leaves the parent open."""
+
+    def __init__(self, states: States, rows: np.ndarray):
+        self.states, self.rows = states, np.asarray(rows, dtype=np.int64)
+        self.n = len(self.rows)
+        self.path, self.name, self.hidden = states.path, states.name, states.hidden
+        self.fixed, self.has_mask = states.fixed, states.has_mask
+
+    def read(self, lo: int, hi: int):
+        return self.states.read_rows(self.rows[lo:hi])
+
+    def read_rows(self, rows: np.ndarray):
+        return self.states.read_rows(self.rows[np.asarray(rows, dtype=np.int64)])
+
+    def close(self) -> None:
+        pass
+
+
+def sample_split(split: Split, n_images: int, seed: int = 0) -> Split:
+    """A seeded sample of min(n_images, Ni) images of `split` (sorted rows) with all their captions, as a
+    Split over RowViews of the same open files (bows, ids and cap_img re-indexed to the sample).
+    Closing the sample closes nothing; the parent's files must stay open while it is read."""
+    img = sample_rows(split.images.n, n_images, seed).numpy().astype(np.int64)
+    caps = np.flatnonzero(np.isin(split.cap_img, img))
+    return Split(RowView(split.captions, caps), RowView(split.images, img),
+                 np.searchsorted(img, split.cap_img[caps]).astype(np.int64),
+                 [split.bows[i] for i in caps] if split.bows else [],
+                 [split.img_ids[i] for i in img], [split.cap_ids[i] for i in caps])
 
 
 def batches(split: Split, batch_size: int, gen: torch.Generator, block: int = 256,

@@ -1,4 +1,4 @@
-"""VDR's inference k per side chosen on validation (docs/vdr.md "VDR at a sparse budget"):
+"""VDR's inference k per side chosen on validation (docs/vdr.md "`--target-flops` for VDR"):
 
     python -m mmsparse.methods.vdr ksweep HEAD_DIR IMAGES.h5 CAPTIONS.h5 -o OUT.json \
         [--ks 16,24,32,48,64,96,128,192,512] [--max-flops 10] [--min-alpha 0.75]
@@ -8,6 +8,10 @@ k_doc of the grid gated from those vectors exactly as `sparsify` writes them: VD
 united with their bag of words, images top-k_doc) and VDR^α (bag-of-words queries against the same
 images). The chosen point: the best R@10 with FLOPs <= --max-flops whose VDR^α keeps at least
 --min-alpha of it (ties: fewer FLOPs). The training k is the head's; only inference k moves.
+
+`train-head --method vdr --target-flops F` runs the same sweep after training (`set_inference_k`, from
+VDR.finish) on the validation files, or without them on a seeded sample of the training pairs, and
+writes the chosen k_query / k_doc into the head it saves (training.flops_budget records the choice).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ...checks import warn
 from ...errors import InputError
 from ...metrics.exhaustive import sparse_retrieval_metrics
 from ...vocab import to_columns
@@ -25,6 +30,7 @@ from .data import Split, caption_token_sets, open_split
 from .method import UngatedVectors, ungated_vectors
 
 KS = (16, 24, 32, 48, 64, 96, 128, 192, 512)
+MIN_ALPHA = 0.75   # --target-flops: the chosen point's VDR^α R@10 keeps at least this share of its VDR R@10
 FIGS = ("R@1", "R@5", "R@10", "MRR@10", "FLOPs", "q_nnz", "d_nnz")
 
 
@@ -76,6 +82,68 @@ def run(head_dir: str, images: str, captions: str, ks=KS, max_flops: float = 10.
     return {"head": str(head_dir), "images": str(images), "captions": str(captions), "k_train": head.config.get("k_train"),
             "max_flops": max_flops, "min_alpha": min_alpha, "rows": rows,
             "chosen": choose(rows, max_flops, min_alpha), "best_any_alpha": choose(rows, max_flops, 0.0)}
+
+
+def budget_point(rows: list[dict], target: float, min_alpha: float = MIN_ALPHA) -> tuple[dict, str]:
+    """The grid row a budget of `target` FLOPs takes, and the rule that chose it: "choose" (`choose`
+    under target and min_alpha), "any_alpha" (no row under target keeps the VDR^α share: the best
+    R@10 under target), "fewest_flops" (no row under target: the fewest FLOPs, ties: best R@10).
+    ValueError on no rows."""
+    if not rows:
+        raise ValueError("budget_point: no grid rows")
+    for rule, alpha in (("choose", min_alpha), ("any_alpha", 0.0)):
+        row = choose(rows, target, alpha)
+        if row is not None:
+            return row, rule
+    return min(rows, key=lambda r: (r["FLOPs"], -r["R@10"])), "fewest_flops"
+
+
+def set_inference_k(head: VDRHead, split: Split, target: float, source: str, ks=None,
+                    min_alpha: float = MIN_ALPHA, progress=None) -> dict:
+    """`--target-flops`: sweep `head`'s inference k_query x k_doc over `ks` (default: the module's KS
+    at call time, both sides) on `split` (its captions with split.bows, its images; see `sweep`),
+    take `budget_point` under `target` FLOPs (D2S eq. 1: expected shared terms per query-image pair)
+    and write it into head.config (k_query, k_doc; k_train untouched).
+
+    source: which data decided, recorded and logged: "val" (the validation files) or "train_sample"
+    (a sample of the training pairs, not held out of training). Logs one line on `progress`
+    (a Reporter, or None) when the rule is "choose"; otherwise one warning line on stderr (no row
+    under target names the fewest FLOPs reached). Returns the record for training.flops_budget:
+    {target, k_query, k_doc, split, images, captions, rule, within (FLOPs <= target), min_alpha, grid,
+    point (the chosen row: R@k and MRR@10 fractions, FLOPs, q_nnz, d_nnz, bow_R@1, bow_R@10,
+    bow_FLOPs), train_gates (k_query, k_doc before, with their R@1, R@10 and FLOPs on the same split)}.
+    ValueError on an empty grid."""
+    ks = tuple(sorted({int(k) for k in (KS if ks is None else ks)}))
+    if not ks:
+        raise ValueError("set_inference_k: empty k grid")
+    before = int(head.config["k_query"]), int(head.config["k_doc"])
+    u = ungated_vectors(head, split, keep=max(*ks, *before))   # exact for every k of the grid and the head's
+    rows = sweep(u, split.cap_img, ks, ks)
+    old = u.figures(*before, split.cap_img)
+    row, rule = budget_point(rows, target, min_alpha)
+    head.config.update(k_query=int(row["k_query"]), k_doc=int(row["k_doc"]))
+    rec = {"target": float(target), "k_query": int(row["k_query"]), "k_doc": int(row["k_doc"]), "split": source,
+           "images": int(split.images.n), "captions": int(split.captions.n), "rule": rule,
+           "within": bool(row["FLOPs"] <= target), "min_alpha": float(min_alpha), "grid": list(ks), "point": dict(row),
+           "train_gates": {"k_query": before[0], "k_doc": before[1],
+                           **{k: float(old[k]) for k in ("R@1", "R@10", "FLOPs")}}}
+    what = (f"validation ({split.images.n:,} images, {split.captions.n:,} captions)" if source == "val" else
+            f"no validation files: the training sample decided ({split.images.n:,} training images, "
+            f"{split.captions.n:,} captions, not held out of training)")
+    at = (f"k_query {row['k_query']} / k_doc {row['k_doc']}: FLOPs {row['FLOPs']:.2f} "
+          f"({row['FLOPs'] / target:.2f} x the budget), R@1 {row['R@1']:.4f} R@10 {row['R@10']:.4f}, "
+          f"VDR^α R@10 {row['bow_R@10']:.4f} (at the training-time k_query {before[0]} / k_doc {before[1]}: "
+          f"FLOPs {old['FLOPs']:.2f}, R@10 {old['R@10']:.4f})")
+    if rule == "choose":
+        if progress is not None:
+            progress.log(f"--target-flops {target:g}: {what}: inference {at}")
+    elif rule == "any_alpha":
+        warn(f"--target-flops {target:g}: {what}: no inference k under the budget keeps VDR^α R@10 >= "
+             f"{min_alpha:g} x VDR's; took the best R@10 under it, {at}")
+    else:
+        warn(f"--target-flops {target:g}: {what}: no inference k of the grid ({ks[0]} ... {ks[-1]} per side) keeps "
+             f"FLOPs <= {target:g}; the smallest reached is {row['FLOPs']:.2f}, kept: {at}")
+    return rec
 
 
 def summary(res: dict) -> str:

@@ -30,10 +30,12 @@ from ..head import require_tokenizer
 from ..pairs import check_inputs, training_record
 from .config import VDRConfig
 from ..towers import FLAG, final_layer_backbone
-from .data import Split, States, batches, caption_token_sets, input_kind, load_batch, open_split
+from .data import Split, States, batches, caption_token_sets, input_kind, load_batch, open_split, sample_split
 from .init import check_layers, init_image_from_words, position_width
 from .head import VDRHead, gate, l2n, topk_mask
 from .loss import vdr_loss
+
+BUDGET_SAMPLE = 1000   # --target-flops without validation files: training images (and their captions) that decide k
 
 
 @torch.no_grad()
@@ -206,6 +208,7 @@ class VDR(Method):
                          f"|V|={len(voc.terms)}, train k={cfg.vdr_train_k}"
                          + (f", final layers {'tuned' if cfg.tune_final_layer else 'frozen'}" if final else "")
                          + (", image head over the patches (no [CLS])" if head.config.get("image_skip_cls") else ""))
+        self.val_split = val   # finish: --target-flops chooses inference k on it
         return head, train, val
 
     def place(self, data, device):
@@ -244,6 +247,22 @@ class VDR(Method):
                                self.cfg.vdr_np_entry, generator)
         self.tau = float(1.0 / head.scale.detach())
         return loss, parts
+
+    def finish(self, head, train: Split, progress=None) -> None:
+        """--target-flops F: the saved epoch's head takes the inference k_query / k_doc that ksweep
+        chooses under F on the validation files (ksweep.set_inference_k), or, without them, on a seeded
+        sample of BUDGET_SAMPLE training images and their captions; recorded in self.training
+        ("flops_budget", so in the head's training record). The training k is left as it is."""
+        target = self.cfg.target_flops
+        if target is None:
+            return
+        from .ksweep import set_inference_k
+
+        val = getattr(self, "val_split", None)
+        split, source = (val, "val") if val is not None else (sample_split(train, BUDGET_SAMPLE, self.cfg.seed),
+                                                               "train_sample")
+        rec = set_inference_k(head, split, target, source, progress=progress)
+        self.training = {**self.training, "flops_budget": rec}
 
     def validate(self, head, val: Split) -> dict:
         return evaluate(head, val, int(head.config["k_query"]), int(head.config["k_doc"]))
