@@ -30,7 +30,8 @@ def _owner(cls, name: str):
 
 
 def _option_table() -> dict:
-    """{field name: {"field", "defaults": {method: default}, "owner": class, "methods": [...]}}."""
+    """{field name: {"field", "defaults": {method: default}, "owner": class, "methods": [...],
+    "helps": {method: its own help text where it differs from the first method's}}}."""
     table: dict = {}
     for m in method_names():
         cls = get_config_class(m)
@@ -38,6 +39,9 @@ def _option_table() -> dict:
             e = table.setdefault(f.name, {"field": f, "defaults": {}, "owner": _owner(cls, f.name), "methods": []})
             e["defaults"][m] = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             e["methods"].append(m)
+            own = f.metadata.get("help", "")
+            if own and own != e["field"].metadata.get("help", ""):   # e.g. --target-flops: d2s vs vdr
+                e.setdefault("helps", {})[m] = own
     return table
 
 
@@ -54,7 +58,8 @@ def _help(e: dict) -> str:
     owner = SHARED_PANELS.get(e["owner"])
     if owner is None and len(e["methods"]) > 1:
         extra.append("methods: " + ", ".join(e["methods"]))
-    return f"{meta.get('help', '')} ({'; '.join(extra)})"
+    others = "".join(f" {m}: {h}" for m, h in e.get("helps", {}).items())
+    return f"{meta.get('help', '')} ({'; '.join(extra)}){others}"
 
 
 def _param(name: str, e: dict) -> inspect.Parameter:

@@ -71,13 +71,15 @@ class D2SLossConfig(TrainConfig, VocabConfig):
                                   min=0.0, max=0.9, paper="0 (off)")
     target_flops: float | None = option(None, "A FLOPs budget F (eq. 1: expected shared terms per query-image "
                                         "pair). After each epoch the validation vectors, as sparsify writes them "
-                                        "(gates and posting floor applied), set the top-k gates of each side (the "
-                                        "pair with the best --select-metric whose FLOPs reach a goal at most 2x "
-                                        "nearer F, at most 5 % of the metric a step) and a multiplier of every "
-                                        "sparsity weight (--eta and the method's others); the saved epoch keeps "
-                                        "validation FLOPs <= F x 1.15. Without validation files 1,000 training images "
-                                        "(a sixth of small sets) are held out to measure them. Recorded in config.json "
-                                        "(training.flops_budget). docs/d2s.md measures where it lands. Default: off.",
+                                        "(gates and posting floor applied), move a multiplier of every sparsity "
+                                        "weight (--eta and the method's others; x2 an epoch at most, never up after "
+                                        "the metric fell 5 %) and, only far from F or where the multiplier cannot "
+                                        "move it, the top-k gates of each side (the pair with the best "
+                                        "--select-metric whose FLOPs reach a goal at most 2x nearer F, at most 5 % "
+                                        "of the metric a step); the saved epoch keeps validation FLOPs <= F x 1.15. "
+                                        "Without validation files 1,000 training images (a sixth of small sets) are "
+                                        "held out to measure them. Recorded in config.json (training.flops_budget). "
+                                        "docs/d2s.md measures where it lands. Default: off.",
                                         min=1e-3, paper="– (not in the papers)")
 
 
