@@ -36,7 +36,7 @@ VDR_SEEDS       ?= 1 2 3
 VDR_SCHEDULE    ?= --epochs 4 --batch-size 256 --lr 1e-3 --lr-warmup 0.1 --lr-schedule cosine --batch-by image \
                    --final-lr 1e-4 --select-metric R@10
 # VDR's configuration, chosen on validation (docs/vdr.md "VDR at a sparse budget")
-VDR_POINTS      ?= 48/128 512/512
+VDR_POINTS      ?= 24/192 48/128 512/512
 VDR_POOL        ?= mean
 VDR_FLAGS       ?= --vocab-min-df 5 --vdr-pool $(VDR_POOL) --vdr-train-k 48 --vdr-image-init words \
                    --vdr-query-k $(call vdr_kq,$(firstword $(VDR_POINTS))) --vdr-doc-k $(call vdr_kd,$(firstword $(VDR_POINTS)))
