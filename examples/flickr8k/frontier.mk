@@ -13,7 +13,7 @@
 #       mean ± standard deviation over seeds of the validation and test figures, the binomial standard error,
 #       the smallest budget per method keeping 0.95 x dense's validation R@1 and 0.97 x its R@10 (validation
 #       decides: the main job's D2S_BUDGET is set from it), joint against D2S at equal budgets over seeds
-#       (Welch's t-test), and VDR and VDR^α at k = VDR_K_PAPER and VDR_K as points where `make vdr` wrote them.
+#       (Welch's t-test), and VDR and VDR^α at each of vdr.mk's VDR_POINTS (its first seed) as points where `make vdr` wrote them.
 #   FRONTIER_SEEDS / FRONTIER_D2S / FRONTIER_IF / FRONTIER_JOINT   the seeds and each method's budgets (FLOPs, eq. 1)
 #   FRONTIER_FLAGS                                                 more train-head flags of every frontier head
 # BM25-V is not on the picture: its runs are image-to-image on a class-labelled subset (bm25v.mk), not
@@ -48,12 +48,13 @@ FRONTIER_ROWS := $(foreach h,$(FRONTIER_D2S_HEADS),D2S=$(WORK)/heads/$(h)=$(WORK
   $(foreach h,$(FRONTIER_JOINT_HEADS),joint=$(WORK)/heads/$(h)=$(WORK)/eval/$(h).expand.json) \
   $(foreach h,$(FRONTIER_IF_HEADS),inference-free=$(WORK)/heads/$(h)=$(WORK)/eval/$(h).inference-free.json)
 FRONTIER_EVALS  := $(foreach r,$(FRONTIER_ROWS),$(lastword $(subst =, ,$(r))))
-# VDR (vdr.mk) at the paper's k and at k = 512, with parametric and bag-of-words queries, where `make vdr` ran
-# (words LABEL=FILE, ~ for the label's spaces)
+# VDR (vdr.mk) at each of VDR_POINTS (k_query/k_doc), parametric and bag-of-words queries, its first seed's heads,
+# where `make vdr` ran (words LABEL=FILE, ~ for the label's spaces)
 vdr_point        = $(if $(wildcard $(WORK)/eval/$(2).json),$(1)=$(WORK)/eval/$(2).json)
-FRONTIER_POINTS  = $(call vdr_point,VDR~(k=$(VDR_K_PAPER)),vdr-k$(VDR_K_PAPER)) \
-                   $(call vdr_point,VDR^α~(k=$(VDR_K_PAPER)),vdr-bow-k$(VDR_K_PAPER)) \
-                   $(call vdr_point,VDR~(k=$(VDR_K)),vdr-k$(VDR_K)) $(call vdr_point,VDR^α~(k=$(VDR_K)),vdr-bow-k$(VDR_K))
+VDR_SEED1        = $(firstword $(VDR_SEEDS))
+FRONTIER_POINTS  = $(foreach p,$(VDR_POINTS),\
+                     $(call vdr_point,VDR~(k~$(p)),vdr-s$(VDR_SEED1)-q$(call vdr_kq,$(p))-d$(call vdr_kd,$(p))) \
+                     $(call vdr_point,VDR^α~(k_doc~$(call vdr_kd,$(p))),vdr-bow-s$(VDR_SEED1)-d$(call vdr_kd,$(p))))
 
 # The rows in a file rewritten when their list changes, a prerequisite of the table: stages/common.mk's .SECONDARY
 # would otherwise leave a budget or seed added later untrained, its evaluation missing under a newer table
