@@ -41,7 +41,7 @@ VDR_POOL        ?= mean
 VDR_FLAGS       ?= --vocab-min-df 5 --vdr-pool $(VDR_POOL) --vdr-train-k 48 --vdr-image-init words \
                    --vdr-query-k $(call vdr_kq,$(firstword $(VDR_POINTS))) --vdr-doc-k $(call vdr_kd,$(firstword $(VDR_POINTS)))
 # The dense model trained alike, tuned on validation as VDR was (docs/vdr.md "The dense model trained alike")
-VDR_DENSE_FLAGS ?= --epochs 2 --lr 3e-4
+VDR_DENSE_FLAGS ?= --lr 3e-4
 VDR_D2S_BUDGET  ?= 9.4
 VDR_ABLATION_SEED ?= 1
 VDR_QRELS       := $(VDR_STATES)/$(EVAL_SPLIT).qrels

@@ -216,7 +216,8 @@ def plot(points: list[dict], dense: dict, extra: list[dict], path: Path, measure
         pts = sorted((p for p in points if p["method"] == m and p["FLOPs"]), key=lambda p: p["FLOPs"])
         if not pts:
             continue
-        seeds = max(len(p["seeds"]) for p in pts)
+        n = sorted({len(p["seeds"]) for p in pts})
+        seeds = f"{n[0]}" if len(n) == 1 else f"{n[0]}-{n[-1]}"   # points trained with unequal seed counts say so
         ax.errorbar([p["FLOPs"] for p in pts], [100 * p[measure] for p in pts],
                     xerr=[p["FLOPs_sd"] for p in pts], yerr=[100 * p[measure + "_sd"] for p in pts],
                     marker="o", ms=4, capsize=2, lw=1.2, color=f"C{i}", label=f"{m} ({seeds} seeds)")
