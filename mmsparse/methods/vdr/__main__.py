@@ -26,7 +26,7 @@ if args[0] == "ksweep":
     from pathlib import Path
 
     from ...atomic import write_text_atomic
-    from .ksweep import KS, run, summary
+    from .ksweep import KS, MIN_ALPHA, run, summary
     ap = argparse.ArgumentParser(prog="python -m mmsparse.methods.vdr ksweep")
     ap.add_argument("head", help="a VDR head directory (train-head --method vdr)")
     ap.add_argument("images", help="the split's image states (encode-dense, the head's inputs)")
@@ -34,7 +34,7 @@ if args[0] == "ksweep":
     ap.add_argument("-o", required=True, help="every grid point as JSON (R@k fractions, FLOPs); a summary in OUT.md")
     ap.add_argument("--ks", default=",".join(map(str, KS)), help="k values, both sides (default %(default)s)")
     ap.add_argument("--max-flops", type=float, default=10.0, help="FLOPs limit of the chosen point (default 10)")
-    ap.add_argument("--min-alpha", type=float, default=0.75,
+    ap.add_argument("--min-alpha", type=float, default=MIN_ALPHA,
                     help="the chosen point's VDR^α R@10 keeps at least this share of its VDR R@10 (default 0.75)")
     a = ap.parse_args(args[1:])
     try:

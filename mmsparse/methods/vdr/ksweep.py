@@ -50,24 +50,25 @@ def sweep(u: UngatedVectors, cap_img: np.ndarray, ks_query, ks_doc) -> list[dict
     queries against the images at k_doc; independent of k_query). cap_img [Nq] int64: each caption's
     image row. Fractions (R@k) and FLOPs as `sparse_retrieval_metrics` gives them."""
     rows = []
+    queries = {kq: u.gated_queries(kq) for kq in ks_query}   # each gate once, not once per k_doc
     for kd in ks_doc:
-        docs = u.gated(1, kd)[1]
+        docs = u.gated_images(kd)
         a = sparse_retrieval_metrics(u.bows, docs, cap_img)
         for kq in ks_query:
-            r = sparse_retrieval_metrics(u.gated(kq, kd)[0], docs, cap_img)
+            r = sparse_retrieval_metrics(queries[kq], docs, cap_img)
             rows.append({"k_query": int(kq), "k_doc": int(kd), **{k: float(r[k]) for k in FIGS},
                          "bow_R@1": float(a["R@1"]), "bow_R@10": float(a["R@10"]), "bow_FLOPs": float(a["FLOPs"])})
     return rows
 
 
-def choose(rows: list[dict], max_flops: float, min_alpha: float = 0.75) -> dict | None:
+def choose(rows: list[dict], max_flops: float, min_alpha: float = MIN_ALPHA) -> dict | None:
     """The row of best R@10 among those with FLOPs <= max_flops and bow_R@10 >= min_alpha x R@10
     (ties: fewer FLOPs); None when no row qualifies."""
     ok = [r for r in rows if r["FLOPs"] <= max_flops and r["bow_R@10"] >= min_alpha * r["R@10"]]
     return min(ok, key=lambda r: (-r["R@10"], r["FLOPs"])) if ok else None
 
 
-def run(head_dir: str, images: str, captions: str, ks=KS, max_flops: float = 10.0, min_alpha: float = 0.75) -> dict:
+def run(head_dir: str, images: str, captions: str, ks=KS, max_flops: float = 10.0, min_alpha: float = MIN_ALPHA) -> dict:
     """The sweep of one head over one split: {head, images, captions, max_flops, min_alpha, rows, chosen,
     best_any_alpha} (chosen: `choose`; best_any_alpha: the same without the VDR^α condition)."""
     head = load_head(head_dir)

@@ -89,6 +89,13 @@ def evaluate(head: VDRHead, split: Split, k_query: int, k_doc: int) -> dict:
     return out
 
 
+def _rows(m: sp.csr_matrix, chunk: int, fn) -> sp.csr_matrix:
+    """fn(dense rows [n, |V|] float32 tensor, first row) -> gated rows, applied chunk by chunk to CSR m."""
+    parts = [sp.csr_matrix(fn(torch.from_numpy(m[s:s + chunk].toarray()), s).numpy())
+             for s in range(0, m.shape[0], chunk)]
+    return sp.vstack(parts, format="csr") if parts else m.copy()
+
+
 class UngatedVectors(NamedTuple):
     """A head's vectors of one split before its top-k gates (ungated_vectors), float32 CSR:
     queries [Nq, |V|] = l2n(V_q), images [Ni, |V|] = l2n(V_p), bows [Nq, |V|] 0/1 (each caption's
@@ -101,13 +108,16 @@ class UngatedVectors(NamedTuple):
     def gated(self, k_query: int, k_doc: int, chunk: int = 1024) -> tuple[sp.csr_matrix, sp.csr_matrix]:
         """(queries, images) CSR float32 with the gates at k_query / k_doc, as validation and sparsify
         write them: queries l2n(V_q ⊙ (top_k(V_q) ∪ bow)), images top_k(l2n(V_p))."""
-        def rows(m, fn):   # fn(dense rows [n, |V|], first row) -> gated rows, chunk by chunk
-            parts = [sp.csr_matrix(fn(torch.from_numpy(m[s:s + chunk].toarray()), s).numpy())
-                     for s in range(0, m.shape[0], chunk)]
-            return sp.vstack(parts, format="csr") if parts else m.copy()
-        q = rows(self.queries,
-                 lambda v, s: l2n(v * gate(v, k_query, torch.from_numpy(self.bows[s:s + chunk].toarray()))))
-        return q, rows(self.images, lambda p, s: p * topk_mask(p, k_doc))
+        return self.gated_queries(k_query, chunk), self.gated_images(k_doc, chunk)
+
+    def gated_queries(self, k_query: int, chunk: int = 1024) -> sp.csr_matrix:
+        """The queries [Nq, |V|] CSR float32 gated at k_query (their bag of words kept open)."""
+        return _rows(self.queries, chunk, lambda v, s: l2n(v * gate(v, k_query, torch.from_numpy(
+            self.bows[s:s + chunk].toarray()))))
+
+    def gated_images(self, k_doc: int, chunk: int = 1024) -> sp.csr_matrix:
+        """The images [Ni, |V|] CSR float32 gated at k_doc."""
+        return _rows(self.images, chunk, lambda p, s: p * topk_mask(p, k_doc))
 
     def figures(self, k_query: int, k_doc: int, cap_img: np.ndarray) -> dict:
         """`validate`'s figures (R@k, MRR@10, FLOPs, q_nnz, d_nnz) at k_query / k_doc; cap_img [Nq]
