@@ -39,6 +39,24 @@ def paired_ttest(a: Mapping[str, float], b: Mapping[str, float]) -> tuple[float,
     return float(t), float(p)
 
 
+def mean_sd(values: Sequence[float]) -> tuple[float | None, float]:
+    """Mean and standard deviation (ddof 1; 0.0 for one value) of per-seed figures; (None, 0.0) when empty."""
+    if not len(values):
+        return None, 0.0
+    return float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+
+
+def welch(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """Two-sided p of Welch's t-test (scipy.stats.ttest_ind, equal_var=False) of two seed samples;
+    None with fewer than two values a side or no spread in either."""
+    from scipy.stats import ttest_ind
+
+    if len(a) < 2 or len(b) < 2 or (np.std(a) == 0 and np.std(b) == 0):
+        return None
+    p = float(ttest_ind(a, b, equal_var=False).pvalue)
+    return None if math.isnan(p) else p
+
+
 def bonferroni(p: float, n_tests: int) -> float:
     """Bonferroni-corrected p-value: min(1, p * n_tests); NaN stays NaN."""
     return p if math.isnan(p) else min(1.0, p * max(1, n_tests))

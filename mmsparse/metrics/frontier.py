@@ -36,6 +36,7 @@ import numpy as np
 
 from ..atomic import atomic_path
 from ..errors import InputError
+from .compare import mean_sd, welch
 
 KEEP_R1, KEEP_R10 = 0.95, 0.97   # the rule: the smallest budget keeping these shares of dense's validation R@1, R@10
 
@@ -109,8 +110,7 @@ def aggregate(rows: list[dict]) -> list[dict]:
               "queries": int(rs[0].get("queries") or 0)}
         for k in FIGURES:
             xs = [r[k] for r in rs if r.get(k) is not None]
-            pt[k] = float(np.mean(xs)) if xs else None
-            pt[k + "_sd"] = float(np.std(xs, ddof=1)) if len(xs) > 1 else 0.0
+            pt[k], pt[k + "_sd"] = mean_sd(xs)
             pt[k + "_seeds"] = xs
         out.append(pt)
     return out
@@ -132,8 +132,6 @@ def choose(points: list[dict], dense_v: dict, keep_r1: float = KEEP_R1, keep_r10
 def versus(points: list[dict], a: str, b: str) -> list[dict]:
     """Method `a` against method `b` at every budget both trained: per-seed test R@1 and R@10 means,
     their difference and Welch's two-sided t-test over seeds (p None with fewer than two seeds a side)."""
-    from scipy.stats import ttest_ind
-
     by = {(p["method"], p["budget"]): p for p in points}
     out = []
     for (m, budget), pa in by.items():
@@ -143,9 +141,8 @@ def versus(points: list[dict], a: str, b: str) -> list[dict]:
         row = {"label": f"{a} vs {b}", "budget": budget, "FLOPs_a": pa["FLOPs"], "FLOPs_b": pb["FLOPs"]}
         for k in ("R@1", "R@10"):
             xa, xb = pa[k + "_seeds"], pb[k + "_seeds"]
-            p = float(ttest_ind(xa, xb, equal_var=False).pvalue) if min(len(xa), len(xb)) > 1 else None
             row.update({f"{k}_a": pa[k], f"{k}_b": pb[k], f"{k}_sd_a": pa[k + "_sd"], f"{k}_sd_b": pb[k + "_sd"],
-                        f"p_{k}": None if p is None or math.isnan(p) else p})
+                        f"p_{k}": welch(xa, xb)})
         out.append(row)
     return out
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 
 from ...errors import InputError
+from ...metrics.compare import mean_sd, welch
 
 FIGS = ("R@1", "R@5", "R@10", "FLOPs", "query_terms", "doc_terms")
 
@@ -45,15 +45,7 @@ def _stats(row: dict, key: str) -> tuple[float | None, float | None, list[float]
     vals = [float(e[key]) for e in row["evals"] if e.get(key) is not None]
     if not vals:
         return None, None, []
-    return float(np.mean(vals)), float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0, vals
-
-
-def welch(a: list[float], b: list[float]) -> float | None:
-    """Two-sided p of Welch's t-test of two seed samples; None with fewer than two a side or no spread."""
-    from scipy.stats import ttest_ind
-    if len(a) < 2 or len(b) < 2 or (np.std(a) == 0 and np.std(b) == 0):
-        return None
-    return float(ttest_ind(a, b, equal_var=False).pvalue)
+    return (*mean_sd(vals), vals)
 
 
 def paired(row: dict, other: dict, key: str) -> list[float]:
