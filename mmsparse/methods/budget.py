@@ -169,9 +169,14 @@ class FlopsBudget:
         """The most validation FLOPs a saved epoch may have: target·(1 + tolerance)."""
         return self.target * (1.0 + self.tolerance)
 
+    @property
+    def floor(self) -> float:
+        """The lower edge of the band: target / (1 + tolerance)."""
+        return self.target / (1.0 + self.tolerance)
+
     def in_band(self, flops: float) -> bool:
         """Whether `flops` is within the target's ±tolerance band."""
-        return self.target / (1 + self.tolerance) <= flops <= self.limit
+        return self.floor <= flops <= self.limit
 
     def gates_turn(self, flops: float) -> bool:
         """Whether the gates move after an epoch that measured `flops`: outside the band, and only

@@ -418,7 +418,7 @@ class D2S(Method):
 
     def val_flops_floor(self) -> float | None:
         """With --target-flops F: F / (1 + 15 %), the lower edge of the budget's band."""
-        return self.budget.target / (1 + self.budget.tolerance) if self.budget else None
+        return self.budget.floor if self.budget else None
 
     def budget_figures(self) -> dict:
         """{"eta_scale": the budget's multiplier, "gates": the gates this epoch trained with} for an
