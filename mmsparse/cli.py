@@ -17,7 +17,7 @@ import typer
 from .commands import encode_dense, eval as eval_cmd, index, inspect, search, sparsify, train_head
 from .commands import query as query_cmd, serve as serve_cmd
 from .commands import export as export_cmd, import_terms
-from .errors import InputError
+from .errors import BudgetMissed, InputError
 
 app = typer.Typer(
     name="mmsparse",
@@ -128,6 +128,9 @@ def main() -> None:
             raise
         print(f"mmsparse: error: {one_line(e)}", file=sys.stderr)
         sys.exit(2)
+    except BudgetMissed as e:   # the head is written (off_budget recorded); the run did not do what was asked
+        print(f"mmsparse: error: {one_line(e)}", file=sys.stderr)
+        sys.exit(3)
     except KeyboardInterrupt:
         print("mmsparse: interrupted", file=sys.stderr)
         sys.exit(130)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from .. import provenance
 from ..atomic import locks_output
-from ..errors import InputError
+from ..errors import BudgetMissed, InputError
 from ..methods import canonical, get_config_class, get_method
 from ..methods.base import TrainInputs, make_config, preset_values
 from ..methods.head import load_head
@@ -54,8 +55,9 @@ def train_head(train_images: str | Path | None = None, train_captions: str | Pat
     rep = reporter(progress)
     method = canonical(method, "--method")
     cls = get_config_class(method)
-    cfg = make_config(cls, {**preset_values(cls, preset), **resolve_config(config, options, method)},
-                      f"{config}" if config else "options")
+    values = {**preset_values(cls, preset), **resolve_config(config, options, method)}
+    budgets = _budgets(values, method)
+    cfg = make_config(cls, values, f"{config}" if config else "options")
     if device != "cpu" and not (str(device).startswith("cuda") and torch.cuda.is_available()):
         raise InputError(f"--device {device}: not available here; use --device cpu")
     inputs = _inputs(train_images, train_captions, val_images, val_captions, qrels, val_qrels, backbone)
@@ -69,43 +71,127 @@ def train_head(train_images: str | Path | None = None, train_captions: str | Pat
     if restart and ckpt_dir.exists():
         shutil.rmtree(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
+    stages = path_stages(budgets, cfg) if len(budgets) > 1 else None
     t0 = time.time()
-    res = fit(m, head, train, val, ckpt_dir=ckpt_dir, device=device, progress=rep)
+    res = fit(m, head, train, val, ckpt_dir=ckpt_dir, device=device, progress=rep, stages=stages,
+              on_stage=lambda i, rec: m.retarget(stages[i].target, rec))
+    seconds = round(time.time() - t0, 1)
     head.to("cpu")
-    head.load_state_dict(res.state)
-    chosen = res.history[res.best_epoch - 1]
+    missed = []
+    if stages is None:
+        missed += _write_head(m, head, res.best_epoch, res.state, res, out, method, preset, cfg, train, rep, seconds)
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        lines = []
+        for i, (st, (best, state)) in enumerate(zip(stages, res.stages)):
+            path = {"budgets": [s.label for s in stages], "budget": st.label, "stage": i + 1,
+                    "epochs": [sum(s.epochs for s in stages[:i]) + 1, sum(s.epochs for s in stages[:i + 1])],
+                    "lr_scale": st.lr_scale, "from": stages[i - 1].label if i else None}
+            missed += _write_head(m, head, best, state, res, out / f"flops-{st.label}", method, preset, cfg, train,
+                                  rep, seconds, target=st.target, path=path)
+            v = res.history[best - 1].get("val") or {}
+            lines.append(f"--target-flops {st.label}: {out / f'flops-{st.label}'} epoch {best}"
+                         + (f", val FLOPs {v['FLOPs']:.2f}, R@1 {v['R@1']:.4f}, R@10 {v['R@10']:.4f}" if "R@1" in v else "")
+                         + (" OFF BUDGET" if any(mi[0] == st.label for mi in missed) else ""))
+        for line in lines:
+            rep.log(line)
+    if not keep_checkpoint:
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
+    if missed:
+        raise BudgetMissed("; ".join(f"{where}: --target-flops {label}: {why}" for label, where, why in missed))
+    return out
+
+
+def path_stages(budgets: list[tuple[str, float]], cfg) -> list:
+    """The trainer's Stages of a budget path: the first budget gets cfg.epochs and the run's own
+    schedule, each later one cfg.path_epochs (a share of cfg.epochs when < 1, at least 1) at
+    cfg.path_lr x the peak learning rate."""
+    from ..trainer import Stage
+
+    pe = cfg.path_epochs
+    later = int(pe) if pe >= 1 else max(1, round(pe * cfg.epochs))
+    return [Stage(label, f, cfg.epochs if i == 0 else later, 1.0 if i == 0 else float(cfg.path_lr))
+            for i, (label, f) in enumerate(budgets)]
+
+
+def _budgets(values: dict, method: str) -> list[tuple[str, float]]:
+    """--target-flops as given (a number or "12,9.4,6"), parsed (budget.parse_budgets); the config
+    keeps the first budget as a number. InputError on a malformed list or a method with no path."""
+    from ..methods.budget import parse_budgets
+
+    raw = values.get("target_flops")
+    try:
+        budgets = parse_budgets(raw)
+    except ValueError as e:
+        raise InputError(f"--target-flops {raw}: {e}") from None
+    if len(budgets) > 1 and not get_method(method).supports_path:
+        raise InputError(f"--target-flops {raw}: --method {method} trains one budget per run; give one number")
+    if budgets:
+        values["target_flops"] = budgets[0][1]
+    return budgets
+
+
+def _write_head(m, head, best: int, state: dict, res, out: Path, method: str, preset: str, cfg, train, rep,
+                seconds: float, target: float | None = None, path: dict | None = None) -> list:
+    """Load the saved epoch `best` (1-based) with its `state` into `head`, finish it and write it to
+    `out` with its training record (a path's head: its own budget `target` and `path`); print the
+    budget's report line and the warnings. Returns [(budget label, out, why)] when the head landed
+    outside its budget's band (recorded as off_budget in training.flops_budget), else []."""
+    from dataclasses import replace
+
+    head.load_state_dict(state)
+    chosen = res.history[best - 1]
     m.load_epoch(head, chosen)
     m.finish(head, train, rep)
     v = chosen.get("val") or {}
     # without validation files, the density a near-dense head is caught by: a sample of the training pairs
     sample = {} if v else m.sample_figures(head, train)
     budget = getattr(m, "budget", None)
-    head.config["training"] = {**m.training, "method": method, "preset": preset, "config": asdict(cfg),
+    record = None
+    missed = []
+    if budget is not None:
+        target = budget.target if target is None else target
+        record = budget.record()
+        lo, hi = target / (1 + budget.tolerance), target * (1 + budget.tolerance)
+        if path is not None:   # this budget's own epochs of the trace
+            first, last = path["epochs"]
+            record["trace"] = [t for t in record["trace"] if t.get("epoch") is not None and first - 1 <= t["epoch"] <= last]
+        record.update(target=target, limit=hi, scale=chosen.get("eta_scale", record["scale"]),
+                      gates=dict(chosen.get("gates") or record["gates"]))
+        if "FLOPs" in v and not lo <= v["FLOPs"] <= hi:
+            from ..methods.budget import diagnose
+
+            stage_hist = [h for h in res.history if path is None or h.get("stage", 0) == path["stage"] - 1]
+            why = (f"saved epoch {best} has validation FLOPs {v['FLOPs']:.3g}, outside {lo:.3g}..{hi:.3g}; "
+                   + diagnose(stage_hist, target, budget.refused, budget.log_scale >= math.log(1e4) - 1e-9))
+            record.update(landed=v["FLOPs"], off_budget=True)
+            missed.append((f"{target:g}" if path is None else path["budget"], out, why))
+    conf = asdict(cfg) if target is None else asdict(replace(cfg, target_flops=target))
+    head.config["training"] = {**m.training, "method": method, "preset": preset, "config": conf,
                                "precision": res.precision,
-                               "best_epoch": res.best_epoch,
-                               "val": chosen.get("val"), "seconds": round(time.time() - t0, 1),
+                               "best_epoch": best,
+                               "val": chosen.get("val"), "seconds": seconds,
                                **({"train_sample": sample} if sample else {}),
-                               **({"flops_budget": budget.record()} if budget is not None else {}),
+                               **({"flops_budget": record} if record is not None else {}),
+                               **({"path": path} if path is not None else {}),
                                "history": res.history}
     head.save_pretrained(out)
-    if not keep_checkpoint:
-        shutil.rmtree(ckpt_dir, ignore_errors=True)
     vocab_size = int(head.config.get("vocab_size", 0))
     if v:
         _warn_if_dense(out, v, vocab_size)
     else:
         _warn_if_dense(out, sample, vocab_size, f"a sample of {sample.get('images', 0):,} training",
                        "training sample's")
-    if budget is not None and "FLOPs" in v:
-        _report_budget(rep, out, chosen, budget, m.training.get("holdout"), res.history)
-    _warn_if_collapsed(out, res.history, res.best_epoch - 1, cfg.select_metric)
-    rep.log(f"saved epoch {res.best_epoch} to {out}"
+    if budget is not None and "FLOPs" in v and not missed:
+        _report_budget(rep, out, chosen, target, m.training.get("holdout"))
+    _warn_if_collapsed(out, res.history, best - 1, cfg.select_metric, m.eligible)
+    rep.log(f"saved epoch {best} to {out}"
             + (f" (val R@1 {v['R@1']:.4f}, R@10 {v['R@10']:.4f}" + (f", FLOPs {v['FLOPs']:.1f}" if "FLOPs" in v else "")
                + ")" if "R@1" in v else "")
             + (" at the training-time k; with the budget's inference k see the line above"
                if (m.training.get("flops_budget") or {}).get("point") else "")
-            + f" in {time.time() - t0:.0f}s")
-    return out
+            + f" in {seconds:.0f}s")
+    return missed
 
 
 def _warn_if_dense(out: Path, val: dict, vocab_size: int, split: str = "validation",
@@ -125,41 +211,26 @@ def _warn_if_dense(out: Path, val: dict, vocab_size: int, split: str = "validati
              f"vectors will be slow; {DENSE_FIX}")
 
 
-def _report_budget(rep, out: Path, chosen: dict, budget, holdout: dict | None, history: list[dict]) -> None:
-    """--target-flops: one line saying where the saved epoch landed (its FLOPs, gates and multiplier,
-    and which images measured them); over the limit, a warning saying why the schedule was too short:
-    the FLOPs of the first validated epoch, the epochs the budget needs from there at the controller's
-    fastest tightening (x2 an epoch, mmsparse.methods.budget.RATIO) and the epochs that followed."""
-    import math
-
-    from ..checks import warn
-    from ..methods.budget import RATIO
-
+def _report_budget(rep, out: Path, chosen: dict, target: float, holdout: dict | None) -> None:
+    """--target-flops: one line saying where the saved epoch landed within its band (its FLOPs, gates
+    and multiplier, and which images measured them); a head outside the band is an error instead
+    (BudgetMissed, mmsparse.methods.budget.diagnose says why)."""
     flops = chosen["val"]["FLOPs"]
     split = f"{holdout['source']} ({holdout['images']:,} images)" if holdout else "validation"
     gates = chosen.get("gates") or {}
     gated = ", gates " + " / ".join(f"{s} {k or 'none'}" for s, k in gates.items()) if gates else ""
-    if flops > budget.limit:
-        seen = [(h["epoch"], h["val"]["FLOPs"]) for h in history if "FLOPs" in (h.get("val") or {})]
-        e0, f0 = seen[0]
-        need = max(1, math.ceil(math.log(f0 / budget.limit) / math.log(RATIO)))
-        warn(f"{out}: --target-flops {budget.target:g}: no epoch kept {split} FLOPs <= {budget.limit:.3g}; saved the "
-             f"lowest, {flops:.2f}; the schedule is too short: from {f0:,.1f} at epoch {e0} the budget tightens at most "
-             f"x{RATIO:g} an epoch, so it needs about {need} more epochs and {len(seen) - 1} followed; raise --epochs "
-             f"(or start sparser: a larger --eta, smaller --query-top-k / --doc-top-k)")
-    else:
-        rep.log(f"--target-flops {budget.target:g}: {split} FLOPs {flops:.2f} ({flops / budget.target:.2f} x the "
-                f"budget){gated}, sparsity weights x{chosen.get('eta_scale', 1.0):.3g}")
+    rep.log(f"--target-flops {target:g}: {split} FLOPs {flops:.2f} ({flops / target:.2f} x the "
+            f"budget){gated}, sparsity weights x{chosen.get('eta_scale', 1.0):.3g}")
 
 
-def _warn_if_collapsed(out: Path, history: list[dict], saved: int, metric: str) -> None:
+def _warn_if_collapsed(out: Path, history: list[dict], saved: int, metric: str, eligible=None) -> None:
     """One warning line when the saved epoch kept under half the best validation `metric` of the run
     (mmsparse.methods.budget.collapsed), or when over 1 % of its validation queries share no term
     with any image."""
     from ..checks import warn
     from ..methods.budget import collapsed
 
-    hit = collapsed(history, saved, metric)
+    hit = collapsed(history, saved, metric, eligible)
     if hit:
         warn(f"{out}: the saved head collapsed: validation {metric} {hit[0]:.4f} against {hit[1]:.4f} at epoch "
              f"{hit[2]}; its FLOPs limit left no better epoch: raise --target-flops / --max-val-flops or --epochs")

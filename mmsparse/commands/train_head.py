@@ -64,7 +64,7 @@ def _help(e: dict) -> str:
 
 def _param(name: str, e: dict) -> inspect.Parameter:
     f, meta = e["field"], e["field"].metadata
-    kind = next((t for k, t in TYPES.items() if k in str(f.type)), str)
+    kind = str if meta.get("text") else next((t for k, t in TYPES.items() if k in str(f.type)), str)
     flag = meta.get("flag") or "--" + name.replace("_", "-")
     if kind is bool and "/" not in flag:
         flag = f"{flag}/--no-{flag[2:]}"

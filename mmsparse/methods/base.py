@@ -195,6 +195,14 @@ class Method:
         """The most validation FLOPs a saved epoch may have (pick_epoch): --max-val-flops; None = any."""
         return self.cfg.max_val_flops
 
+    supports_path: ClassVar[bool] = False   # train-head --target-flops A,B,C (a budget path)
+
+    def retarget(self, target: float, record: dict) -> None:
+        """A budget path's next stage: move to FLOPs budget `target` from the head the last epoch
+        (history record `record`, with its "val" figures) left. Only for methods with
+        supports_path; InputError otherwise."""
+        raise InputError(f"--method {self.name}: no budget path (several --target-flops budgets); give one budget")
+
     def val_flops_floor(self) -> float | None:
         """The fewest validation FLOPs a saved epoch should have where an epoch has them (pick_epoch):
         the lower edge of a budget's band; None = any."""

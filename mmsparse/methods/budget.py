@@ -47,6 +47,8 @@ MIN_LOG_SCALE, MAX_LOG_SCALE = math.log(1e-4), math.log(1e4)
 RATIO = 2.0        # a gate step moves the FLOPs goal by at most this factor an epoch
 MAX_DROP = 0.05    # a gate step may cost at most this share of the epoch's validation metric
 COLLAPSE = 0.5     # a saved metric below this share of the run's best is reported as a collapse
+GUARD_WINDOW = 3   # the 5 % guard compares with the best metric of this many epochs before (not just the last)
+INEFFECTIVE = 2    # cuts of m that did not raise FLOPs under the band before m holds (anti-windup)
 LADDER = sorted({int(round(4 * 2 ** (i / 2))) for i in range(0, 24)})   # 4, 6, 8, 11, 16, 23, 32, 45, 64, ... 8192
 SHORTLIST = 6      # gate pairs whose metric is measured per goal (those with the most FLOPs under it)
 EFFECT = 0.05      # gates whose FLOPs differ from the current ones' by less than this share are not a move
@@ -155,6 +157,9 @@ class FlopsBudget:
         self.last_sign = 0
         self.last_err: float | None = None
         self.last_metric: float | None = None
+        self.metrics: list[float] = []   # the select metric of the epochs since the (re)start, for the guard
+        self.last_flops: float | None = None
+        self.ineffective = 0          # consecutive cuts of m under the band that did not raise FLOPs
         self.refused = False          # the multiplier's last rise was refused (the metric fell)
         self.gates: dict = {}
         self.trace: list[dict] = []   # one entry per update: epoch, FLOPs measured, multiplier and gates after
@@ -189,7 +194,28 @@ class FlopsBudget:
             return False
         if flops > self.target:
             return flops > FAR * self.target or self.refused or self.scale >= HIGH_SCALE
-        return self.scale <= LOW_SCALE
+        return self.scale <= LOW_SCALE or self.saturated
+
+    @property
+    def saturated(self) -> bool:
+        """m has been cut INEFFECTIVE times under the band without raising FLOPs (the gates cap the
+        head): m holds, and the gates may turn instead."""
+        return self.ineffective >= INEFFECTIVE
+
+    def retarget(self, target: float, flops: float, epoch: int | None = None) -> float:
+        """Move to a new budget `target` (> 0) mid-run (a budget path, `--target-flops 12,9.4,6`):
+        the Rprop step, the trend, the metric guard and the anti-windup count start afresh (the
+        metric is expected to fall with the FLOPs), and the first step is taken at once from the
+        FLOPs the last epoch measured (`flops`), so the next epoch already trains under the new
+        pressure. Returns the new m. Raises ValueError when target <= 0."""
+        if not target > 0:
+            raise ValueError(f"target FLOPs {target} must be > 0")
+        self.target = float(target)
+        self.step, self.last_sign, self.last_err, self.last_metric = MAX_STEP, 0, None, None
+        self.metrics, self.last_flops, self.ineffective, self.refused = [], None, 0, False
+        self.update(flops, epoch)
+        self.trace[-1]["retarget"] = self.target
+        return self.scale
 
     def plan(self, probe, figures: dict) -> dict:
         """New gates {side: k} from this epoch's validation vectors `probe` (a GateProbe, or a
@@ -238,13 +264,28 @@ class FlopsBudget:
         # still above F but falling fast towards it must not raise η further (a PD controller)
         drive = err if self.last_err is None else 2 * err - self.last_err
         self.last_err = err
-        fell = metric is not None and self.last_metric is not None and metric < (1 - MAX_DROP) * self.last_metric
+        # the guard reads the best metric of the last GUARD_WINDOW epochs: a slow fall (4 % an
+        # epoch) is caught within two epochs, not only a sudden one
+        ref = max(self.metrics[-GUARD_WINDOW:]) if self.metrics else None
+        fell = metric is not None and ref is not None and metric < (1 - MAX_DROP) * ref
         if metric is not None:
             self.last_metric = float(metric)
+            self.metrics.append(float(metric))
         sign = (drive > 0) - (drive < 0)
         self.refused = bool(fell and sign > 0)
         if self.refused:   # the head paid for the last rise: no further rise, a smaller step, the gates' turn
             sign, self.step = 0, max(MIN_STEP, self.step * SHRINK)
+        # anti-windup: under the band, a cut of m that did not raise FLOPs (the gates cap the head)
+        # is not repeated without end; m holds after INEFFECTIVE of them, so a later budget or
+        # retarget does not have to climb back from 1e-4
+        if sign < 0 and not self.in_band(flops):
+            flat = self.last_sign < 0 and self.last_flops is not None and flops <= self.last_flops * (1 + EFFECT)
+            self.ineffective = self.ineffective + 1 if flat else 0
+            if self.saturated:
+                sign = 0
+        elif sign >= 0:
+            self.ineffective = 0
+        self.last_flops = float(flops)
         if sign and not moved:
             if self.last_sign:
                 self.step = min(MAX_STEP, max(MIN_STEP, self.step * (GROW if sign == self.last_sign else SHRINK)))
@@ -261,24 +302,82 @@ class FlopsBudget:
                 "trace": list(self.trace)}
 
     def state_dict(self) -> dict:
-        return {"log_scale": self.log_scale, "step": self.step, "last_sign": self.last_sign, "last_err": self.last_err,
-                "last_metric": self.last_metric, "refused": self.refused, "gates": dict(self.gates),
-                "trace": list(self.trace)}
+        return {"target": self.target, "log_scale": self.log_scale, "step": self.step, "last_sign": self.last_sign,
+                "last_err": self.last_err, "last_metric": self.last_metric, "metrics": list(self.metrics),
+                "last_flops": self.last_flops, "ineffective": self.ineffective, "refused": self.refused,
+                "gates": dict(self.gates), "trace": list(self.trace)}
 
     def load_state_dict(self, state: dict) -> None:
         self.log_scale, self.step = float(state["log_scale"]), float(state["step"])
         self.last_sign, self.last_err, self.trace = int(state["last_sign"]), state["last_err"], list(state["trace"])
         self.last_metric, self.gates = state.get("last_metric"), dict(state.get("gates") or {})
         self.refused = bool(state.get("refused", False))
+        self.target = float(state.get("target", self.target))
+        self.metrics, self.last_flops = list(state.get("metrics", [])), state.get("last_flops")
+        self.ineffective = int(state.get("ineffective", 0))
 
 
-def collapsed(history: list[dict], saved: int, metric: str) -> tuple[float, float, int] | None:
+def collapsed(history: list[dict], saved: int, metric: str, eligible=None) -> tuple[float, float, int] | None:
     """(saved metric, the run's best, its epoch) when the saved epoch `saved` (0-based index of
     `history`, whose records carry "val" figures) kept less than COLLAPSE × the best validation
-    `metric` any epoch reached; None otherwise (or without validation figures)."""
-    vals = [(h.get("val") or {}).get(metric) for h in history]
+    `metric` any epoch that may be saved reached (`eligible(record)`, e.g. Method.eligible: epochs
+    inside the sparsity warm-up are near dense and not a fair best); None otherwise (or without
+    validation figures)."""
+    vals = [(h.get("val") or {}).get(metric) if eligible is None or eligible(h) else None for h in history]
     seen = [(v, i) for i, v in enumerate(vals) if v is not None]
-    if not seen or vals[saved] is None:
+    here = (history[saved].get("val") or {}).get(metric)
+    if not seen or here is None:
         return None
     best, at = max(seen)
-    return (vals[saved], best, at + 1) if vals[saved] < COLLAPSE * best else None
+    return (here, best, at + 1) if here < COLLAPSE * best else None
+
+
+def parse_budgets(value) -> list[tuple[str, float]]:
+    """--target-flops as given: a number, or budgets separated by commas ("12,9.4,6"), largest
+    first. Returns [(label as written, e.g. "9.4", value)], [] for None. Raises ValueError naming
+    the entry when one is not a number > 0 or when they are not strictly decreasing."""
+    if value is None:
+        return []
+    if isinstance(value, (int, float)):
+        items = [(f"{float(value):g}", float(value))]
+    else:
+        items = []
+        for part in str(value).split(","):
+            text = part.strip()
+            try:
+                f = float(text)
+            except ValueError:
+                raise ValueError(f"{text!r} is not a number (give budgets as 12,9.4,6)") from None
+            items.append((text, f))
+    for text, f in items:
+        if not (f > 0 and math.isfinite(f)):
+            raise ValueError(f"{text} must be a number > 0")
+    if any(b[1] >= a[1] for a, b in zip(items, items[1:])):
+        raise ValueError(f"{','.join(t for t, _ in items)}: give the budgets largest first, each below the one before")
+    return items
+
+
+def diagnose(history: list[dict], target: float, refused: bool = False, at_bound: bool = False) -> str:
+    """Why no epoch of `history` (records with "val" FLOPs) kept validation FLOPs within target's
+    band, and what to change, as one clause. "too short" only where more epochs would help: the
+    FLOPs were still falling at the last epochs and the multiplier neither refused nor at its bound;
+    otherwise the head's recall (the guard) or the multiplier's bound stopped it, or it lands under
+    the band. Never fails on FLOPs of 0."""
+    seen = [(h["epoch"], float(h["val"]["FLOPs"])) for h in history if "FLOPs" in (h.get("val") or {})]
+    if not seen:
+        return "no epoch was validated; give validation files"
+    last = seen[-1][1]
+    if last < target / (1 + TOLERANCE):
+        return (f"it ends under the band (FLOPs {last:.3g}): the gates or the posting floor cap the head; raise "
+                "--doc-top-k / --query-top-k or lower --eta")
+    falling = len(seen) >= 2 and seen[-1][1] < seen[-2][1] * (1 - EFFECT)
+    if falling and not refused and not at_bound:
+        e0, f0 = seen[0]
+        need = max(1, math.ceil(math.log(max(last, 1e-9) / (target * (1 + TOLERANCE))) / math.log(RATIO)))
+        return (f"the schedule is too short: from {f0:,.1f} at epoch {e0} the FLOPs were still falling ({last:.3g} at "
+                f"the last epoch), at most x{RATIO:g} an epoch, so it needs about {need} more epochs; raise --epochs "
+                "(or start sparser: a larger --eta, smaller --query-top-k / --doc-top-k)")
+    why = ("the multiplier's rise was refused because validation recall fell" if refused else
+           "the multiplier reached its bound" if at_bound else "the FLOPs stopped falling")
+    return (f"{why}, so more epochs would not help; raise --target-flops, or tighten the gates "
+            "(--query-top-k / --doc-top-k) to start nearer the budget")

@@ -73,14 +73,24 @@ class D2SLossConfig(TrainConfig, VocabConfig):
                                         "pair). After each epoch the validation vectors, as sparsify writes them "
                                         "(gates and posting floor applied), move a multiplier of every sparsity "
                                         "weight (--eta and the method's others; x2 an epoch at most, never up after "
-                                        "the metric fell 5 %) and, only far from F or where the multiplier cannot "
-                                        "move it, the top-k gates of each side (the pair with the best "
-                                        "--select-metric whose FLOPs reach a goal at most 2x nearer F, at most 5 % "
-                                        "of the metric a step); the saved epoch keeps validation FLOPs <= F x 1.15. "
+                                        "the metric fell 5 % below its best of the last 3 epochs) and, only far "
+                                        "from F or where the multiplier cannot move it, the top-k gates of each "
+                                        "side (the pair with the best --select-metric whose FLOPs reach a goal at "
+                                        "most 2x nearer F, at most 5 % of the metric a step); the saved epoch keeps "
+                                        "validation FLOPs within F / 1.15 .. F x 1.15, else the run exits 3. "
+                                        "Several budgets, largest first (12,9.4,6): one run through all of them, a "
+                                        "head per budget at OUT/flops-F (--path-epochs, --path-lr). "
                                         "Without validation files 1,000 training images (a sixth of small sets) are "
                                         "held out to measure them. Recorded in config.json (training.flops_budget). "
                                         "docs/d2s.md measures where it lands. Default: off.",
-                                        min=1e-3, paper="– (not in the papers)")
+                                        min=1e-3, paper="– (not in the papers)", text=True)
+    path_epochs: float = option(0.34, "A budget path (several --target-flops): epochs of each budget after the "
+                                "first, which gets --epochs. < 1: that share of --epochs (rounded, at least 1); "
+                                ">= 1: a count. docs/d2s.md \"One run through every budget\" says how it was "
+                                "chosen on validation.", min=0.0, paper="– (not in the papers)")
+    path_lr: float = option(1.0, "A budget path: each later budget's peak learning rate as a share of --lr (its "
+                            "own schedule, without warm-up, decaying over its epochs).", min=0.0,
+                            paper="– (not in the papers)")
 
 
 @dataclass

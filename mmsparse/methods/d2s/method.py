@@ -390,8 +390,9 @@ class D2S(Method):
                 vals.append(w.float().cpu())
             return torch.cat(cols).numpy(), torch.cat(vals).numpy()
 
-        d_cols, d_vals = top(head.centered(data.z_img, "image"), "image")
-        q_cols, q_vals = (None, None) if fixed is not None else top(head.centered(data.z_cap, "text"), "text")
+        # the head centres its inputs itself (--center mean): the raw vectors go in, as in sparsify
+        d_cols, d_vals = top(data.z_img, "image")
+        q_cols, q_vals = (None, None) if fixed is not None else top(data.z_cap, "text")
         return GateProbe(v, d_cols, d_vals, data.cap_img.cpu().numpy(), q_cols, q_vals, fixed, self.cfg.select_metric)
 
     def end_epoch(self, head, train, val, record: dict) -> None:
@@ -410,6 +411,14 @@ class D2S(Method):
         if new != old:
             self.set_gates(head, new)
         self.budget.update(fig["FLOPs"], record["epoch"], new != old, fig[self.cfg.select_metric])
+
+    supports_path = True
+
+    def retarget(self, target: float, record: dict) -> None:
+        """The next budget of a path (FlopsBudget.retarget): the multiplier's first step towards
+        `target` is taken at once from the last epoch's validation FLOPs; the gates stay where they
+        are (FlopsBudget.plan moves them after the next epoch if the multiplier cannot)."""
+        self.budget.retarget(target, float((record.get("val") or {}).get("FLOPs", target)), record.get("epoch"))
 
     def val_flops_limit(self) -> float | None:
         """--max-val-flops, or with --target-flops F the smaller of it and F·(1 + 15 %)."""

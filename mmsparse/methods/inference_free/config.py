@@ -16,8 +16,10 @@ class InferenceFreeConfig(D2SLossConfig):
     what works best on validation (docs/search-your-images.md); PAPER: `--preset paper`, D2S's paper
     schedule with Geng et al. 2024's inference-free settings (IDF query table)."""
 
+    # sparsity_loss: D2S's paper uses L1 (D2SLossConfig.PAPER), Geng et al.'s inference-free head the
+    # FLOPs regulariser on the document side, which this option's own paper note names
     PAPER: ClassVar[dict] = {**D2SLossConfig.PAPER, "query_init": "idf", "eta_query_flops": 0.0,
-                             "select_metric": "R@1", "image_dropout": 0.0}
+                             "select_metric": "R@1", "image_dropout": 0.0, "sparsity_loss": "flops"}
 
     epochs: int = option(20, "Passes over the training captions (validation R@10 stops rising by 20 on Flickr8k).",
                          min=1, paper="200 (D2S §5.1)")
