@@ -198,8 +198,8 @@ class FlopsBudget:
 
     @property
     def saturated(self) -> bool:
-        """m has been cut INEFFECTIVE times under the band without raising FLOPs (the gates cap the
-        head): m holds, and the gates may turn instead."""
+        """m has been cut INEFFECTIVE times in a row under the target without raising FLOPs (the gates
+        cap the head): m holds, and below the band the gates may turn instead."""
         return self.ineffective >= INEFFECTIVE
 
     def retarget(self, target: float, flops: float, epoch: int | None = None) -> float:
@@ -275,10 +275,11 @@ class FlopsBudget:
         self.refused = bool(fell and sign > 0)
         if self.refused:   # the head paid for the last rise: no further rise, a smaller step, the gates' turn
             sign, self.step = 0, max(MIN_STEP, self.step * SHRINK)
-        # anti-windup: under the band, a cut of m that did not raise FLOPs (the gates cap the head)
-        # is not repeated without end; m holds after INEFFECTIVE of them, so a later budget or
-        # retarget does not have to climb back from 1e-4
-        if sign < 0 and not self.in_band(flops):
+        # anti-windup: under the target (in the band or below it), a cut of m that did not raise
+        # FLOPs (the gates cap the head) is not repeated without end; m holds after INEFFECTIVE of
+        # them, so a later, tighter budget does not have to climb back from 1e-4 (it sank to 0.05
+        # within 8 epochs inside the band of 12 on Flickr8k)
+        if sign < 0:
             flat = self.last_sign < 0 and self.last_flops is not None and flops <= self.last_flops * (1 + EFFECT)
             self.ineffective = self.ineffective + 1 if flat else 0
             if self.saturated:
