@@ -304,9 +304,11 @@ def test_frontier_aggregates_seeds_decides_on_validation_and_compares_over_seeds
 
 
 def test_make_frontier_trains_every_budget_and_seed(tmp_path):
-    """`make -n frontier`: one head per method, budget and seed with nothing but --target-flops and --seed
-    (the defaults), the main job's head standing for its own budget and seed, joint on its final-layer
-    inputs, the table decided on validation files; a budget added later is trained although a table exists."""
+    """`make -n frontier`: by default one run per method and seed through all its budgets (a budget path,
+    largest first) with nothing but --target-flops and --seed (the defaults), each budget's head linked
+    under a plain name; joint on its final-layer inputs; FRONTIER_PATHS=0: one head per method, budget and
+    seed, the main job's head standing for its own budget and seed; the table decided on validation
+    files; a budget added later is trained although a table exists."""
     import shlex
     import subprocess
     from pathlib import Path
@@ -316,23 +318,36 @@ def test_make_frontier_trains_every_budget_and_seed(tmp_path):
     def dry(*args):
         p = subprocess.run(["make", "-n", "-C", str(root / "examples" / "flickr8k"), f"WORK={tmp_path}", *args,
                             "frontier"], capture_output=True, text=True, check=True)
-        cmds = [shlex.split(c) for c in p.stdout.replace("\\\n", " ").splitlines() if c.startswith(("mmsparse", "python"))]
-        return {c[c.index("-o") + 1].rsplit("/", 1)[1]: c for c in cmds if c[:2] == ["mmsparse", "train-head"]}, cmds
+        lines = p.stdout.replace("\\\n", " ").splitlines()
+        cmds = [shlex.split(c) for c in lines if c.startswith(("mmsparse", "python"))]
+        links = [shlex.split(c)[2:] for c in lines if c.startswith("ln -sfn")]
+        return {c[c.index("-o") + 1].rsplit("/", 1)[1]: c for c in cmds if c[:2] == ["mmsparse", "train-head"]}, cmds, links
 
-    train, cmds = dry("TRAIN_FLAGS=")
+    train, cmds, links = dry("TRAIN_FLAGS=")
+    flags = {h: c[c.index("-o") + 2:] for h, c in train.items()}
+    assert set(train) == {f"front-{m}-s{s}" for m in ("d2s", "if", "joint") for s in (1, 2, 3)}
+    assert flags["front-d2s-s3"] == ["--target-flops", "12,9.4,6,4,2", "--seed", "3"]
+    assert flags["front-if-s2"] == ["--target-flops", "2,1,0.5", "--seed", "2"]
+    assert train["front-if-s2"][2:4] == ["--method", "inference-free"]
+    assert flags["front-joint-s1"] == ["--target-flops", "9.4,6", "--seed", "1"]
+    assert train["front-joint-s1"][2:4] == ["--method", "joint"] and "hf-dual-final" in train["front-joint-s1"][4]
+    assert ["front-d2s-s1/flops-9.4", f"{tmp_path}/heads/front-d2s-9.4-s1"] in links and len(links) == 3 * (5 + 3 + 2)
+    (table,) = [c for c in cmds if c[:3] == ["python", "-m", "mmsparse.metrics.frontier"]]
+    assert "--val-images" in table and table.count("--row") == 30 and table[table.index("--versus") + 1] == "joint=D2S"
+    assert f"D2S={tmp_path}/heads/front-d2s-9.4-s1={tmp_path}/eval/front-d2s-9.4-s1.expand.json" in table
+
+    train, _, _ = dry("TRAIN_FLAGS=", "FRONTIER_PATHS=0")
     flags = {h: c[c.index("-o") + 2:] for h, c in train.items()}
     assert flags["d2s"] == ["--target-flops", "9.4", "--seed", "1"]
     assert flags["front-d2s-2-s3"] == ["--target-flops", "2", "--seed", "3"]
     assert flags["front-if-0.5-s2"] == ["--method", "inference-free", "--target-flops", "0.5", "--seed", "2"]
     assert flags["front-joint-9.4-s1"] == ["--target-flops", "9.4", "--seed", "1"]
-    assert train["front-joint-9.4-s1"][2:4] == ["--method", "joint"] and "hf-dual-final" in train["front-joint-9.4-s1"][4]
     assert len(train) == 3 * (5 + 3 + 2) and "front-d2s-9.4-s1" not in train
-    (table,) = [c for c in cmds if c[:3] == ["python", "-m", "mmsparse.metrics.frontier"]]
-    assert "--val-images" in table and table.count("--row") == 30 and table[table.index("--versus") + 1] == "joint=D2S"
     (tmp_path / "frontier").mkdir(exist_ok=True)
     (tmp_path / "frontier" / "table.md").write_text("an older table")
-    train, _ = dry("FRONTIER_D2S=3", "FRONTIER_IF=", "FRONTIER_JOINT=", "FRONTIER_SEEDS=1")
-    assert set(train) == {"front-d2s-3-s1"} and (tmp_path / "frontier" / "rows.txt").read_text().count("D2S=") == 1
+    train, _, _ = dry("FRONTIER_D2S=3", "FRONTIER_IF=", "FRONTIER_JOINT=", "FRONTIER_SEEDS=1")
+    assert set(train) == {"flops-3"} and train["flops-3"][train["flops-3"].index("-o") + 1].endswith("front-d2s-s1/flops-3")
+    assert (tmp_path / "frontier" / "rows.txt").read_text().count("D2S=") == 1
 
 
 def test_a_schedule_too_short_for_the_budget_says_so(pair_files, tmp_path):

@@ -4,43 +4,78 @@
 # never run by CI.
 #
 #   make -C examples/flickr8k frontier
-#       For each seed S of FRONTIER_SEEDS: D2S heads front-d2s-F-sS (`--target-flops F --seed S`, nothing else:
-#       train-head's defaults) for F in FRONTIER_D2S (the main job's head $(HEAD) stands for budget D2S_BUDGET
-#       and seed SEED, so it is not trained twice); inference-free heads front-if-F-sS (--method inference-free)
-#       for F in FRONTIER_IF; joint heads front-joint-F-sS (--method joint on joint.mk's final-layer inputs)
-#       for F in FRONTIER_JOINT; each sparsified, indexed, searched and evaluated as the main job's heads.
+#       For each seed S of FRONTIER_SEEDS, from train-head's defaults and nothing else: D2S through the budgets
+#       FRONTIER_D2S in one run (`--target-flops 12,9.4,6,4,2 --seed S`: front-d2s-sS/flops-F, linked as
+#       front-d2s-F-sS), the inference-free head through FRONTIER_IF (--method inference-free) and joint through
+#       FRONTIER_JOINT (--method joint on joint.mk's final-layer inputs) likewise; FRONTIER_PATHS=0 trains one
+#       head per budget instead (the main job's head $(HEAD) standing for D2S_BUDGET and SEED); each head
+#       sparsified, indexed, searched and evaluated as the main job's heads.
 #       Then $(WORK)/frontier/table.md (+ table.json) and frontier.png (python -m mmsparse.metrics.frontier):
 #       mean ± standard deviation over seeds of the validation and test figures, the binomial standard error,
 #       the smallest budget per method keeping 0.95 x dense's validation R@1 and 0.97 x its R@10 (validation
 #       decides: the main job's D2S_BUDGET is set from it), joint against D2S at equal budgets over seeds
 #       (Welch's t-test), and VDR and VDR^α at each of vdr.mk's VDR_POINTS (its first seed) as points where `make vdr` wrote them.
-#   FRONTIER_SEEDS / FRONTIER_D2S / FRONTIER_IF / FRONTIER_JOINT   the seeds and each method's budgets (FLOPs, eq. 1)
+#   FRONTIER_SEEDS / FRONTIER_D2S / FRONTIER_IF / FRONTIER_JOINT   the seeds and each method's budgets (FLOPs, eq. 1;
+#                                                                  largest first: a path tightens)
+#   FRONTIER_PATHS                                                 1: a path per method and seed (default); 0: a run per head
 #   FRONTIER_FLAGS                                                 more train-head flags of every frontier head
 # BM25-V is not on the picture: its runs are image-to-image on a class-labelled subset (bm25v.mk), not
 # caption-to-image on the test split.
 FRONTIER_SEEDS ?= 1 2 3
-FRONTIER_D2S   ?= 2 4 6 9.4 12
-FRONTIER_IF    ?= 0.5 1 2
-FRONTIER_JOINT ?= 6 9.4
+FRONTIER_D2S   ?= 12 9.4 6 4 2
+FRONTIER_IF    ?= 2 1 0.5
+FRONTIER_JOINT ?= 9.4 6
 FRONTIER_FLAGS ?=
+# 1: one run per method and seed passes through every budget (`train-head --target-flops 12,9.4,6,4,2`,
+# heads front-METHOD-sS/flops-F); 0: one run per head. docs/d2s.md "One run through every budget" says how
+# validation chose it.
+FRONTIER_PATHS ?= 1
 
-# the D2S head of budget F and seed S: the main job's for D2S_BUDGET and SEED, else front-d2s-F-sS
-front_d2s = $(if $(and $(filter $(1),$(D2S_BUDGET)),$(filter $(2),$(SEED))),$(HEAD),front-d2s-$(1)-s$(2))
+comma := ,
+budget_list = $(subst $() ,$(comma),$(strip $(1)))
 seeded = $(foreach s,$(FRONTIER_SEEDS),$(foreach b,$(2),$(call $(1),$(b),$(s))))
-front_if    = front-if-$(1)-s$(2)
-front_joint = front-joint-$(1)-s$(2)
-FRONTIER_D2S_HEADS   := $(call seeded,front_d2s,$(FRONTIER_D2S))
-FRONTIER_IF_HEADS    := $(call seeded,front_if,$(FRONTIER_IF))
-FRONTIER_JOINT_HEADS := $(call seeded,front_joint,$(FRONTIER_JOINT))
 # budget and seed of a head name front-METHOD-F-sS
 front_budget = $(word 3,$(subst -, ,$(1)))
 front_seed   = $(patsubst s%,%,$(word 4,$(subst -, ,$(1))))
+front_if    = front-if-$(1)-s$(2)
+front_joint = front-joint-$(1)-s$(2)
+FRONTIER_IF_HEADS    := $(call seeded,front_if,$(FRONTIER_IF))
+FRONTIER_JOINT_HEADS := $(call seeded,front_joint,$(FRONTIER_JOINT))
+
+ifeq ($(FRONTIER_PATHS),1)
+front_d2s = front-d2s-$(1)-s$(2)
+FRONTIER_D2S_HEADS := $(call seeded,front_d2s,$(FRONTIER_D2S))
+# a path's run: front-METHOD-sS/ holds flops-F/ per budget; front-METHOD-F-sS links to its flops-F
+# (so every later stage reads a plain head name); 1 method, 2 seed, 3 budgets, 4 train-head flags,
+# 5 the dense (or final-layer input) directory, 6 its prerequisites (one budget: a plain run, written to flops-F)
+define FRONTIER_PATH_RULES
+$(foreach b,$(3),$(WORK)/heads/front-$(1)-s$(2)/flops-$(b)/config.json) &: $(6)
+	$$(MMSPARSE) train-head $(4) $(5)/train-images.h5 $(5)/train-captions.h5 \
+	  --val-images $(5)/val-images.h5 --val-captions $(5)/val-captions.h5 \
+	  -o $(WORK)/heads/front-$(1)-s$(2)$(if $(word 2,$(3)),,/flops-$(3)) --target-flops $(call budget_list,$(3)) --seed $(2) $(FRONTIER_FLAGS) $(TRAIN_FLAGS)
+$(foreach b,$(3),$(eval $(call FRONTIER_LINK_RULE,$(1),$(2),$(b))))
+endef
+define FRONTIER_LINK_RULE
+$(WORK)/heads/front-$(1)-$(3)-s$(2)/config.json: $(WORK)/heads/front-$(1)-s$(2)/flops-$(3)/config.json
+	ln -sfn front-$(1)-s$(2)/flops-$(3) $(WORK)/heads/front-$(1)-$(3)-s$(2)
+endef
+$(foreach s,$(FRONTIER_SEEDS),$(eval $(call FRONTIER_PATH_RULES,d2s,$(s),$(FRONTIER_D2S),,$(DENSE_DIR),$(TRAIN_INPUTS))))
+$(foreach s,$(FRONTIER_SEEDS),$(eval $(call FRONTIER_PATH_RULES,if,$(s),$(FRONTIER_IF),--method inference-free,$(DENSE_DIR),\
+  $(TRAIN_INPUTS))))
+# joint reads the final-layer inputs (joint.mk), from its defaults as the other methods
+$(foreach s,$(FRONTIER_SEEDS),$(eval $(call FRONTIER_PATH_RULES,joint,$(s),$(FRONTIER_JOINT),--method joint,\
+  $(JOINT_STATES),$(JOINT_INPUTS))))
+else
+# the D2S head of budget F and seed S: the main job's for D2S_BUDGET and SEED, else front-d2s-F-sS
+front_d2s = $(if $(and $(filter $(1),$(D2S_BUDGET)),$(filter $(2),$(SEED))),$(HEAD),front-d2s-$(1)-s$(2))
+FRONTIER_D2S_HEADS := $(call seeded,front_d2s,$(FRONTIER_D2S))
 $(foreach h,$(filter front-%,$(FRONTIER_D2S_HEADS)),$(eval HEAD_FLAGS_$(h) = --target-flops $(call front_budget,$(h)) \
   --seed $(call front_seed,$(h)) $(FRONTIER_FLAGS)))
 $(foreach h,$(FRONTIER_IF_HEADS),$(eval HEAD_FLAGS_$(h) = --method inference-free --target-flops $(call front_budget,$(h)) \
   --seed $(call front_seed,$(h)) $(FRONTIER_FLAGS)))
 $(foreach h,$(FRONTIER_JOINT_HEADS),$(eval $(call JOINT_HEAD_RULES,$(h),--target-flops $(call front_budget,$(h)) \
   --seed $(call front_seed,$(h)) $(FRONTIER_FLAGS))))
+endif
 $(foreach h,$(FRONTIER_JOINT_HEADS),$(eval $(call JOINT_EVAL_RULES,$(h))))
 .PRECIOUS: $(foreach h,$(FRONTIER_D2S_HEADS) $(FRONTIER_IF_HEADS) $(FRONTIER_JOINT_HEADS),$(WORK)/heads/$(h)/config.json)
 
