@@ -227,3 +227,33 @@ def test_held_out_images_never_reach_training(pair_files):  # noqa: F811
     assert len(val.img_ids) == 25 and len(train.img_ids) == 125
     assert not set(val.img_ids) & set(train.img_ids)
     assert not set(val.img_ids) & {train.img_ids[i] for i in train.cap_img.tolist()}
+
+
+def test_paths_against_independent_heads_by_seed_with_the_student_interval(tmp_path, capsys):
+    """python -m mmsparse.metrics.paths: per budget the per-seed differences, their mean and 95 % Student
+    interval, and the −0.5-point rule (fails when a budget's interval reaches below it)."""
+    from scipy.stats import t
+
+    from mmsparse.metrics import paths
+
+    def head(name, budget, seed, r1, r10):
+        d = tmp_path / name
+        d.mkdir()
+        d.joinpath("config.json").write_text(json.dumps({"training": {
+            "config": {"target_flops": budget, "seed": seed}, "best_epoch": 3,
+            "val": {"R@1": r1, "R@10": r10, "FLOPs": budget}}}))
+        return str(d)
+
+    pairs = [f"{head(f'p{s}', 6.0, s, 0.190 + dp, 0.590)}={head(f'i{s}', 6.0, s, 0.190, 0.590 - dp)}"
+             for s, dp in ((1, 0.001), (2, 0.002), (3, 0.003))]
+    assert paths.main([*sum((["--pair", p] for p in pairs), []), "-o", str(tmp_path / "t.md")]) == 0
+    rows, ok = paths.compare([tuple(p.split("=")) for p in pairs])
+    mean, lo, hi = rows[0]["R@1"]
+    half = t.ppf(0.975, 2) * 0.1 / 3 ** 0.5      # differences 0.1, 0.2, 0.3 points: sd 0.1
+    assert mean == pytest.approx(0.2) and lo == pytest.approx(0.2 - half) and hi == pytest.approx(0.2 + half)
+    assert ok and "holds: train from paths" in (tmp_path / "t.md").read_text()       # lower end −0.05 > −0.5
+    worse = [f"{head(f'q{s}', 4.0, s, 0.180 - dp, 0.57)}={head(f'j{s}', 4.0, s, 0.180, 0.57)}"
+             for s, dp in ((1, 0.002), (2, 0.008), (3, 0.014))]   # −0.2, −0.8, −1.4 points
+    assert not paths.compare([tuple(p.split("=")) for p in pairs + worse])[1]
+    assert paths.main(["--pair", pairs[0].split("=")[0] + "=" + worse[0].split("=")[1]]) == 2   # budgets differ
+    assert "not the same budget and seed" in capsys.readouterr().err
