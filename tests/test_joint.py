@@ -209,9 +209,15 @@ def test_joint_takes_d2s_sparse_options_through_d2s_code(joint_run, tmp_path):
     r = CliRunner().invoke(app, ["train-head", "--method", "joint", str(root / "train-images.h5"),
                                  str(root / "train-captions.h5"), "--val-images", str(root / "val-images.h5"),
                                  "--val-captions", str(root / "val-captions.h5"), "-o", str(out), *flags])
-    assert r.exit_code == 0, r.output + repr(r.exception)
+    # three epochs of a tiny model need not land in the band: then the head is written and the run raises
+    # BudgetMissed (the command line's exit 3)
+    from mmsparse.errors import BudgetMissed
+
+    missed = isinstance(r.exception, BudgetMissed)
+    assert r.exit_code == 0 or missed, r.output + repr(r.exception)
     head = load_head(out)
     tr = head.config["training"]
+    assert tr["flops_budget"].get("off_budget", False) == missed
     saved = tr["history"][tr["best_epoch"] - 1]
     assert head.config["doc_top_k"] == saved["gates"]["image"] and head.config["query_top_k"] == saved["gates"]["text"]
     assert head.config["doc_max_share"] == 0.5 and {"caption_terms", "doc_words"} <= set(tr["history"][0])
