@@ -11,10 +11,14 @@ tests/test_export_finetune.py."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
 
+from pathlib import Path
+
+import h5py
 import numpy as np
 import pytest
 import torch
@@ -24,6 +28,7 @@ from mmsparse.errors import InputError
 from mmsparse.formats.sparse import read_sparse, write_sparse
 from mmsparse.methods.d2s.head import D2SHead
 from mmsparse.methods.inference_free.head import InferenceFreeHead
+from mmsparse.provenance import model_fingerprint
 from mmsparse.vocab import Vocab
 
 pytest.importorskip("sentence_transformers", reason="the st extra (pip install -e '.[st]')")
@@ -276,9 +281,45 @@ def test_export_holds_only_sentence_transformers_modules_and_its_own_file(method
     assert "mmsparse" not in "".join(ln for ln in code.splitlines() if ln.lstrip().startswith(("import", "from")))
     card = (st / "README.md").read_text(encoding="utf-8")
     assert "library_name: sentence-transformers" in card and "trust_remote_code=True" in card
-    assert f"| method | `{method}` |" in card
+    assert f"| method | `{method}` |" in card and "pipeline_tag: feature-extraction" in card
+    gates = next(m["path"] for m in json.loads((st / "modules.json").read_text()) if m["type"].endswith("SparseGates"))
+    assert f"full record: `{gates}/config.json`" in card and "training" in json.loads(
+        (st / gates / "config.json").read_text())["mmsparse"]["config"]
+    assert "Pillow" in card and "Image.open(p)" in card
     text_docs = exports[method]["user"]["text_docs"]
     assert (text_docs != "encoded") == (method == "inference-free"), text_docs
+
+
+def test_export_folder_holds_no_machine_path(tiny_clip, tiny_data, run_cli, tmp_path, tmp_path_factory):
+    """A folder written by `mmsparse export` (each method, and the query route) holds no absolute path
+    in any file: the dual encoder is named by model_fingerprint (and model_name), the training files by
+    name and content sha256 (when they exist), nested records (a joint head's final-layer source, the
+    training options) likewise."""
+    from mmsparse.provenance import file_sha256
+
+    base = str(tmp_path_factory.getbasetemp())
+    train = tiny_data / "dense" / "all-images.h5"
+    for method, route in (*((m, "all") for m in METHODS), ("inference-free", "query")):
+        head = _tiny_head(method, tiny_clip, tmp_path / route)
+        cfg = json.loads((head / "config.json").read_text())
+        cfg["training"].update(train_images=str(train), val_captions=str(tmp_path / "gone" / "val-captions.h5"),
+                               config={"out": str(tmp_path / "heads" / method), "lr": 1e-3})
+        (head / "config.json").write_text(json.dumps(cfg))
+        out = tmp_path / f"st-{method}-{route}"
+        code, _, err = run_cli("export", head, "-o", out, "--route", route)
+        assert code == 0, err
+        for f in (p for p in out.rglob("*") if p.is_file()):
+            data = f.read_bytes()
+            assert base.encode() not in data and str(Path.home()).encode() + b"/" not in data, f
+        if route == "query":
+            continue
+        gates = next(m["path"] for m in json.loads((out / "modules.json").read_text()) if m["type"].endswith("Gates"))
+        tr = json.loads((out / gates / "config.json").read_text())["mmsparse"]["config"]["training"]
+        assert "model" not in tr and tr["model_name"] == tiny_clip.name
+        assert tr["model_fingerprint"] == model_fingerprint(tiny_clip)
+        assert tr["train_images"] == train.name and tr["train_images_sha256"] == file_sha256(train)
+        assert tr["val_captions"] == "val-captions.h5" and "val_captions_sha256" not in tr
+        assert tr["config"] == {"out": method, "lr": 1e-3}
 
 
 def test_siglip_d2s_export_reproduces_sparsify(tiny_siglip, tiny_data, tmp_path):
@@ -318,7 +359,16 @@ def test_import_of_an_export_gives_the_head_back(method, exports, tiny_data, run
     for k in ("w1.weight", "norm.weight", "norm.bias", "w2.weight", "w2.bias", "token_ids"):
         assert torch.equal(new.state_dict()[k], old.state_dict()[k]), k
     if method != "joint":
-        assert new.config["training"] == old.config["training"] and "encode-dense" not in err
+        # the record names the model by what it is (no machine path), and sparsify still checks it
+        want = {**old.config["training"], "model_name": Path(old.config["training"]["model"]).name,
+                "model_fingerprint": model_fingerprint(old.config["training"]["model"])}
+        assert new.config["training"] == {k: v for k, v in want.items() if k != "model"} and "encode-dense" not in err
+        other = tmp_path / "other-model.h5"
+        shutil.copyfile(tiny_data / "dense" / "all-images.h5", other)
+        with h5py.File(other, "a") as f:
+            f.attrs["model_fingerprint"] = "sha256:" + "0" * 64
+        code, _, err = run_cli("sparsify", tmp_path / "head", other, "-o", tmp_path / "o.h5", "--allow-dense")
+        assert code == 2 and "model_fingerprint" in err, err
         caps = tiny_data / "caps.txt" if method == "inference-free" else tiny_data / "dense" / "all-captions.h5"
         for src, ref in ((tiny_data / "dense" / "all-images.h5", e["docs"]), (caps, e["queries"])):
             _assert_same(_rows(ref), _rows(read_sparse(mmsparse.sparsify(tmp_path / "head", src, out=tmp_path / "x.h5",
@@ -513,3 +563,55 @@ def test_export_api_refuses_unknown_format_and_route(sparse_file, tmp_path):
         mmsparse.export(sparse_file, out=tmp_path / "x", format="csv")
     with pytest.raises(InputError, match="--route 'docs'"):
         mmsparse.export(sparse_file, out=tmp_path / "x", route="docs")
+
+
+def test_export_without_sentence_transformers_names_the_extra(exports, tmp_path):
+    """`mmsparse export` (and `import`) where sentence-transformers cannot be imported: one line naming
+    the st extra, exit 2 (not an internal error from an import deeper in)."""
+    script = textwrap.dedent("""
+        import sys
+        sys.modules["sentence_transformers"] = None     # any import of it raises ImportError
+        from mmsparse import cli
+        sys.argv = ["mmsparse", *sys.argv[1:]]
+        cli.main()
+        """)
+    for args in (["export", str(exports["d2s"]["head"]), "-o", str(tmp_path / "st")],
+                 ["import", str(exports["d2s"]["st"]), "-o", str(tmp_path / "h")]):
+        res = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, cwd=tmp_path,
+                             timeout=300)
+        assert res.returncode == 2, res.stderr[-2000:]
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and "pip install 'mmsparse[st]'" in lines[0], res.stderr
+    assert not (tmp_path / "st").exists() and not (tmp_path / "h").exists()
+
+
+def test_import_refuses_a_query_table_a_head_cannot_hold(tiny_clip, run_cli, tmp_path):
+    """The inference-free export's query table is frozen by default; a table that went negative (trained
+    unfrozen: SparseStaticEmbedding has no ReLU) or holds weight at ids outside the head's terms is
+    refused by `mmsparse import` in one line with the count and the fix, exit 2, nothing written:
+    never clamped in silence."""
+    from safetensors.torch import load_file, save_file
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_clip))
+    head = _vocab_head(InferenceFreeHead, 24, tok, np.arange(5, len(tok.get_vocab())), str(tiny_clip),
+                       {"backbone": "clip", "model": str(tiny_clip)}, doc_top_k=6).save_pretrained(tmp_path / "if")
+    st = mmsparse.export(head, out=tmp_path / "st")
+    router = json.loads((st / "modules.json").read_text())[0]["path"]
+    cfg = json.loads((st / router / "router_config.json").read_text())
+    table = st / router / cfg["structure"]["query"][0]
+    assert json.loads((table / "config.json").read_text())["frozen"] is True
+    w = load_file(str(table / "model.safetensors"))["weight"]
+    ids = mmsparse.load_head(head).token_ids
+    terms = ids[w[ids] > 0][:3]
+    outside = torch.ones_like(w, dtype=torch.bool)
+    outside[ids] = False
+    for name, change, msg in (("neg", lambda v: v.index_fill_(0, terms, -0.5), "3 negative weight(s)"),
+                              ("stray", lambda v: v.masked_fill_(outside, 0.25), "weight(s) at token ids outside")):
+        bad = tmp_path / name
+        shutil.copytree(st, bad)
+        save_file({"weight": change(w.clone())}, str(bad / router / cfg["structure"]["query"][0] / "model.safetensors"))
+        code, _, err = run_cli("import", bad, "-o", tmp_path / "h")
+        assert code == 2 and msg in err and "frozen" in err and len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / "h").exists()
