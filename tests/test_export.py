@@ -146,9 +146,10 @@ def tiny_data(tiny_clip, tmp_path_factory):
     return d
 
 
-def _tiny_head(method, tiny_clip, tmp_path):
+def _tiny_head(method, tiny_clip, tmp_path, doc_top_k: int = 6):
     """A random d2s (top-k gated, posting floor), joint (tuned projections and tuned final layers) or
-    inference-free (top-k gated image side) head over the tiny CLIP vocabulary."""
+    inference-free (top-k gated image side) head over the tiny CLIP vocabulary; doc_top_k: the image
+    side's k (the query side's is 5)."""
     from transformers import AutoTokenizer
 
     from mmsparse.backbones.base import load_backbone
@@ -157,7 +158,7 @@ def _tiny_head(method, tiny_clip, tmp_path):
     tok = AutoTokenizer.from_pretrained(str(tiny_clip))
     training = {"backbone": "clip", "model": str(tiny_clip)}
     ids = np.arange(len(tok.get_vocab()))
-    gates = {"doc_top_k": 6, "query_top_k": 5}
+    gates = {"doc_top_k": doc_top_k, "query_top_k": 5}
     if method == "joint":
         g = torch.Generator().manual_seed(1)
         voc = Vocab([tok.convert_ids_to_tokens(int(i)) for i in ids], torch.randn(len(ids), 8, generator=g), tok,
@@ -171,7 +172,7 @@ def _tiny_head(method, tiny_clip, tmp_path):
                 p.add_(0.05 * torch.randn(p.shape, generator=g))
         head.set_final_layers(text, image, {"model": str(tiny_clip)}, tuned=True)
     else:
-        cls, kw = ((InferenceFreeHead, {"doc_top_k": 6}) if method == "inference-free"
+        cls, kw = ((InferenceFreeHead, {"doc_top_k": doc_top_k}) if method == "inference-free"
                    else (D2SHead, {**gates, "doc_max_share": 0.5}))
         head = _vocab_head(cls, 24, tok, ids, str(tiny_clip), training, **kw)
         if method == "d2s":
