@@ -70,7 +70,7 @@ _FINETUNE = textwrap.dedent("""
         args = SparseEncoderTrainingArguments(
             output_dir=job["out"] + "-run", max_steps=job["steps"], per_device_train_batch_size=8,
             learning_rate=job["lr"], save_strategy="no", report_to="none", seed=0, use_cpu=True, disable_tqdm=True,
-            router_mapping={"anchor": "query", "positive": "document"} if name == "inference-free" else {})
+            router_mapping={"anchor": "query", "positive": "document"} if job["router"] else {})
         SparseEncoderTrainer(model=model, args=args, train_dataset=data, loss=loss).train()
         after = mrr(model)
         model.save(job["out"], create_model_card=False)
@@ -124,7 +124,8 @@ def finetuned(caption_clip, flickr, tmp_path_factory):
         card = (st / "README.md").read_text(encoding="utf-8")
         snippet = re.search(r"```python\n(.*?)```", card, re.S).group(1)
         out[method] = {"head": head, "st": st, "ft": root / method / "ft"}
-        jobs[method] = {"src": str(st), "out": str(root / method / "ft"), "snippet": snippet, "steps": 8, "lr": 5e-3}
+        jobs[method] = {"src": str(st), "out": str(root / method / "ft"), "snippet": snippet, "steps": 8, "lr": 5e-3,
+                        "router": method == "inference-free"}
     val = {"texts": flickr["val_texts"], "images": flickr["val_images"]}
     res = subprocess.run([sys.executable, "-c", _FINETUNE, json.dumps(jobs), json.dumps(flickr["pairs"]),
                           json.dumps(flickr["images"]), json.dumps(val)],
