@@ -351,3 +351,26 @@ def test_a_schedule_too_short_for_the_budget_says_so(pair_files, tmp_path, capsy
                   r"and 1 followed", err)
     assert m, err
     assert float(m.group(1)) > 0.0575 and int(m.group(3)) >= 2
+
+
+def test_make_vdr_compares_with_every_seed_of_the_frontier_d2s(tmp_path):
+    """`make -n vdr-table`: D2S's row and VDR's --compare runs take the frontier's D2S heads of
+    VDR_D2S_BUDGET under the names `make frontier` gives them, seed 1 included (the main job's head
+    stands for D2S_BUDGET and SEED; it was looked for as front-d2s-9.4-s1 and dropped)."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "eval").mkdir()
+    heads = ["d2s", "front-d2s-9.4-s2", "front-d2s-9.4-s3"]
+    for h in heads:
+        (tmp_path / "runs" / f"{h}.expand.trec").write_text("")
+        (tmp_path / "eval" / f"{h}.expand.json").write_text("{}")
+    p = subprocess.run(["make", "-n", "-C", str(root / "examples" / "flickr8k"), f"WORK={tmp_path}", "vdr-table"],
+                       capture_output=True, text=True, check=True)
+    (row,) = [w for w in p.stdout.split('"') if w.startswith("D2S (F = 9.4)=")]
+    assert row.split("=", 2)[2].split(",") == [str(tmp_path / "eval" / f"{h}.expand.json") for h in heads]
+    for s, h in zip((1, 2, 3), heads):
+        (cmd,) = [c for c in p.stdout.splitlines() if f"-o {tmp_path}/eval/vdr-s{s}-q24-d192.json" in c]
+        assert f"--compare {tmp_path}/runs/{h}.expand.trec" in cmd

@@ -24,8 +24,7 @@ FRONTIER_IF    ?= 0.5 1 2
 FRONTIER_JOINT ?= 6 9.4
 FRONTIER_FLAGS ?=
 
-# the D2S head of budget F and seed S: the main job's for D2S_BUDGET and SEED, else front-d2s-F-sS
-front_d2s = $(if $(and $(filter $(1),$(D2S_BUDGET)),$(filter $(2),$(SEED))),$(HEAD),front-d2s-$(1)-s$(2))
+# the D2S head of budget F and seed S: front_d2s (the Makefile's: the main job's head for D2S_BUDGET and SEED)
 seeded = $(foreach s,$(FRONTIER_SEEDS),$(foreach b,$(2),$(call $(1),$(b),$(s))))
 front_if    = front-if-$(1)-s$(2)
 front_joint = front-joint-$(1)-s$(2)
