@@ -616,3 +616,20 @@ def test_import_refuses_a_query_table_a_head_cannot_hold(tiny_clip, run_cli, tmp
         code, _, err = run_cli("import", bad, "-o", tmp_path / "h")
         assert code == 2 and msg in err and "frozen" in err and len(err.strip().splitlines()) == 1, err
         assert not (tmp_path / "h").exists()
+
+
+def test_portable_record_names_hub_models_by_id_and_cards_say_base_model():
+    """A dual encoder in the Hugging Face cache is named by its hub id (the card's base_model), a
+    path in a list by its last component, an absolute path of no file by its name alone."""
+    from mmsparse.methods.head import model_card
+    from mmsparse.methods.st_record import portable
+
+    cfg = {"vocab_source": "/cache/models--org--clip-x/snapshots/abc123",
+           "training": {"model": "/cache/models--org--clip-x/snapshots/abc123", "model_fingerprint": "hf:org/clip-x@abc",
+                        "train_images": "/data/run/train-images.h5", "inputs": ["/data/a.h5", "b"]}}
+    out = portable(cfg)
+    assert out["vocab_source"] == "org/clip-x"
+    assert out["training"] == {"model": "org/clip-x", "model_name": "org/clip-x", "model_fingerprint": "hf:org/clip-x@abc",
+                               "train_images": "train-images.h5", "inputs": ["a.h5", "b"]}
+    card = model_card({"method": "d2s", **out}, use=["(use)"])
+    assert "base_model: org/clip-x" in card and "pipeline_tag: feature-extraction" in card and "/cache" not in card

@@ -57,12 +57,13 @@ def portable(obj, known: dict[str, str] | None = None):
     known: {absolute path: sha256} already recorded (the head's provenance inputs). A dict's "model"
     that is a path becomes "model" = its hub id (or none), "model_name" = its last component and
     "model_fingerprint"; any other path value becomes its last component, with "<key>_sha256" beside
-    it when the file's content hash is known; paths inside lists become their last component."""
+    it when the file's content hash is known; paths inside lists become their last component (a path
+in the hub cache: its hub id, whatever the key)."""
     known = known or {}
     if isinstance(obj, list):
         return [portable(v, known) for v in obj]
     if is_machine_path(obj):
-        return Path(obj).name
+        return hub_id(obj) or Path(obj).name
     if not isinstance(obj, dict):
         return obj
     out = {}
@@ -76,7 +77,7 @@ def portable(obj, known: dict[str, str] | None = None):
             if fp:
                 out["model_fingerprint"] = fp
         elif is_machine_path(v):
-            out[k] = Path(v).name
+            out[k] = hub_id(v) or Path(v).name
             sha = _file_sha256(v, known)
             if sha and f"{k}_sha256" not in obj:
                 out[f"{k}_sha256"] = sha
