@@ -566,7 +566,7 @@ def test_export_api_refuses_unknown_format_and_route(sparse_file, tmp_path):
         mmsparse.export(sparse_file, out=tmp_path / "x", route="docs")
 
 
-def test_export_without_sentence_transformers_names_the_extra(exports, tmp_path):
+def test_export_without_sentence_transformers_names_the_extra(tiny_clip, tmp_path):
     """`mmsparse export` (and `import`) where sentence-transformers cannot be imported: one line naming
     the st extra, exit 2 (not an internal error from an import deeper in)."""
     script = textwrap.dedent("""
@@ -576,8 +576,9 @@ def test_export_without_sentence_transformers_names_the_extra(exports, tmp_path)
         sys.argv = ["mmsparse", *sys.argv[1:]]
         cli.main()
         """)
-    for args in (["export", str(exports["d2s"]["head"]), "-o", str(tmp_path / "st")],
-                 ["import", str(exports["d2s"]["st"]), "-o", str(tmp_path / "h")]):
+    head = _tiny_head("d2s", tiny_clip, tmp_path)
+    folder = mmsparse.export(head, out=tmp_path / "folder")
+    for args in (["export", str(head), "-o", str(tmp_path / "st")], ["import", str(folder), "-o", str(tmp_path / "h")]):
         res = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, cwd=tmp_path,
                              timeout=300)
         assert res.returncode == 2, res.stderr[-2000:]
