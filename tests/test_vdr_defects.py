@@ -9,18 +9,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from typer.testing import CliRunner
 
 import mmsparse
-from mmsparse.cli import app
 from mmsparse.errors import InputError
 from mmsparse.formats.dense import read_dense
-from mmsparse.formats.sparse import read_sparse
-from mmsparse.methods.head import load_head
 from mmsparse.methods.vdr.head import DSTHead, VDRHead, elu1p
 from mmsparse.vocab import Vocab
 
