@@ -577,3 +577,52 @@ def test_amp_on_a_cpu_without_bf16_is_refused_saying_why(monkeypatch):
     monkeypatch.setattr(m, "batches", lambda t, g, e: iter([(torch.arange(48), train)]))
     res = fit(m, head, train, None, device="cpu")
     assert res.precision == "fp32" and res.finished
+
+
+def test_gated_backward_builds_sorted_duplicate_free_csr(monkeypatch):
+    """Every CSR tensor the gated forward / backward and gathered_scores build has, in each row,
+    strictly rising columns (sorted, no duplicates), checked on the structure itself (torch's own check
+    was switched off there), on a batch whose captions list own terms among their top ones (a column
+    twice in a row), pads and top-k columns in value order (unsorted); the gradients still equal the
+    dense computation's, and torch's check_invariants accepts the tensors."""
+    from mmsparse.methods.d2s.loss import ScoreSide, gathered_scores
+
+    made = []
+    plain = torch.sparse_csr_tensor
+
+    def record(crow, col, *args, **kwargs):
+        made.append((crow.clone(), col.clone()))
+        return plain(crow, col, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "sparse_csr_tensor", record)
+    v, n_cap = 50, 4
+    torch.manual_seed(0)
+    head = D2SHead.from_vocab(16, Vocab([f"t{i}" for i in range(v)], torch.randn(v, 8), None, "random"), {},
+                              init_bias=0.5, doc_top_k=6, query_top_k=5)
+    z = torch.randn(10, 16)
+    with torch.no_grad():
+        top = head.w2(head.norm(head.w1(z)))[:n_cap].topk(5, dim=1).indices
+    own = torch.cat([top[:, :2], torch.full((n_cap, 3), v)], 1)     # two own terms among the top ones, 3 pads
+    gc, gi = torch.randn(n_cap, 10), torch.randn(6, 6)
+    with torch.sparse.check_sparse_tensor_invariants():
+        s_cap, s_img, cap_top, img_top, _ = head.forward_gated(z, n_cap, own)
+        loss = (s_cap * gc).sum() + (s_img * gi).sum() + gathered_scores(s_cap[:, :5], cap_top,
+                                                                          ScoreSide(s_img, img_top, v)).sum()
+        loss.backward()
+    assert made
+    for crow, col in made:
+        for i in range(crow.numel() - 1):
+            c = col[crow[i]:crow[i + 1]]
+            assert bool((c[1:] > c[:-1]).all()), f"row {i}: columns {c.tolist()} not sorted and distinct"
+    got = {k: p.grad.clone() for k, p in head.named_parameters()}
+    # the dense reference: the same weighted sum over s = log(1 + ReLU(x)) at the listed entries
+    head.zero_grad()
+    s = torch.log1p(torch.relu(head.w2(head.norm(head.w1(z)))))
+    weight = torch.zeros(10, v + 1)
+    weight[:n_cap].scatter_add_(1, torch.cat([cap_top, own], 1), gc)
+    weight[n_cap:].scatter_add_(1, img_top, gi)
+    dense_img = torch.zeros(6, v + 1).scatter(1, img_top, s[n_cap:].gather(1, img_top))[:, :v]
+    dense_cap = torch.zeros(n_cap, v + 1).scatter(1, cap_top, s[:n_cap].gather(1, cap_top))[:, :v]
+    ((s * weight[:, :v]).sum() + (dense_cap @ dense_img.T).sum()).backward()
+    for k, p in head.named_parameters():
+        torch.testing.assert_close(got[k], p.grad, rtol=1e-4, atol=1e-6)

@@ -11,10 +11,14 @@ tests/test_export_finetune.py."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
 
+from pathlib import Path
+
+import h5py
 import numpy as np
 import pytest
 import torch
@@ -24,6 +28,7 @@ from mmsparse.errors import InputError
 from mmsparse.formats.sparse import read_sparse, write_sparse
 from mmsparse.methods.d2s.head import D2SHead
 from mmsparse.methods.inference_free.head import InferenceFreeHead
+from mmsparse.provenance import model_fingerprint
 from mmsparse.vocab import Vocab
 
 pytest.importorskip("sentence_transformers", reason="the st extra (pip install -e '.[st]')")
@@ -141,9 +146,10 @@ def tiny_data(tiny_clip, tmp_path_factory):
     return d
 
 
-def _tiny_head(method, tiny_clip, tmp_path):
+def _tiny_head(method, tiny_clip, tmp_path, doc_top_k: int = 6):
     """A random d2s (top-k gated, posting floor), joint (tuned projections and tuned final layers) or
-    inference-free (top-k gated image side) head over the tiny CLIP vocabulary."""
+    inference-free (top-k gated image side) head over the tiny CLIP vocabulary; doc_top_k: the image
+    side's k (the query side's is 5)."""
     from transformers import AutoTokenizer
 
     from mmsparse.backbones.base import load_backbone
@@ -152,7 +158,7 @@ def _tiny_head(method, tiny_clip, tmp_path):
     tok = AutoTokenizer.from_pretrained(str(tiny_clip))
     training = {"backbone": "clip", "model": str(tiny_clip)}
     ids = np.arange(len(tok.get_vocab()))
-    gates = {"doc_top_k": 6, "query_top_k": 5}
+    gates = {"doc_top_k": doc_top_k, "query_top_k": 5}
     if method == "joint":
         g = torch.Generator().manual_seed(1)
         voc = Vocab([tok.convert_ids_to_tokens(int(i)) for i in ids], torch.randn(len(ids), 8, generator=g), tok,
@@ -166,7 +172,7 @@ def _tiny_head(method, tiny_clip, tmp_path):
                 p.add_(0.05 * torch.randn(p.shape, generator=g))
         head.set_final_layers(text, image, {"model": str(tiny_clip)}, tuned=True)
     else:
-        cls, kw = ((InferenceFreeHead, {"doc_top_k": 6}) if method == "inference-free"
+        cls, kw = ((InferenceFreeHead, {"doc_top_k": doc_top_k}) if method == "inference-free"
                    else (D2SHead, {**gates, "doc_max_share": 0.5}))
         head = _vocab_head(cls, 24, tok, ids, str(tiny_clip), training, **kw)
         if method == "d2s":
@@ -276,9 +282,45 @@ def test_export_holds_only_sentence_transformers_modules_and_its_own_file(method
     assert "mmsparse" not in "".join(ln for ln in code.splitlines() if ln.lstrip().startswith(("import", "from")))
     card = (st / "README.md").read_text(encoding="utf-8")
     assert "library_name: sentence-transformers" in card and "trust_remote_code=True" in card
-    assert f"| method | `{method}` |" in card
+    assert f"| method | `{method}` |" in card and "pipeline_tag: feature-extraction" in card
+    gates = next(m["path"] for m in json.loads((st / "modules.json").read_text()) if m["type"].endswith("SparseGates"))
+    assert f"full record: `{gates}/config.json`" in card and "training" in json.loads(
+        (st / gates / "config.json").read_text())["mmsparse"]["config"]
+    assert "Pillow" in card and "Image.open(p)" in card
     text_docs = exports[method]["user"]["text_docs"]
     assert (text_docs != "encoded") == (method == "inference-free"), text_docs
+
+
+def test_export_folder_holds_no_machine_path(tiny_clip, tiny_data, run_cli, tmp_path, tmp_path_factory):
+    """A folder written by `mmsparse export` (each method, and the query route) holds no absolute path
+    in any file: the dual encoder is named by model_fingerprint (and model_name), the training files by
+    name and content sha256 (when they exist), nested records (a joint head's final-layer source, the
+    training options) likewise."""
+    from mmsparse.provenance import file_sha256
+
+    base = str(tmp_path_factory.getbasetemp())
+    train = tiny_data / "dense" / "all-images.h5"
+    for method, route in (*((m, "all") for m in METHODS), ("inference-free", "query")):
+        head = _tiny_head(method, tiny_clip, tmp_path / route)
+        cfg = json.loads((head / "config.json").read_text())
+        cfg["training"].update(train_images=str(train), val_captions=str(tmp_path / "gone" / "val-captions.h5"),
+                               config={"out": str(tmp_path / "heads" / method), "lr": 1e-3})
+        (head / "config.json").write_text(json.dumps(cfg))
+        out = tmp_path / f"st-{method}-{route}"
+        code, _, err = run_cli("export", head, "-o", out, "--route", route)
+        assert code == 0, err
+        for f in (p for p in out.rglob("*") if p.is_file()):
+            data = f.read_bytes()
+            assert base.encode() not in data and str(Path.home()).encode() + b"/" not in data, f
+        if route == "query":
+            continue
+        gates = next(m["path"] for m in json.loads((out / "modules.json").read_text()) if m["type"].endswith("Gates"))
+        tr = json.loads((out / gates / "config.json").read_text())["mmsparse"]["config"]["training"]
+        assert "model" not in tr and tr["model_name"] == tiny_clip.name
+        assert tr["model_fingerprint"] == model_fingerprint(tiny_clip)
+        assert tr["train_images"] == train.name and tr["train_images_sha256"] == file_sha256(train)
+        assert tr["val_captions"] == "val-captions.h5" and "val_captions_sha256" not in tr
+        assert tr["config"] == {"out": method, "lr": 1e-3}
 
 
 def test_siglip_d2s_export_reproduces_sparsify(tiny_siglip, tiny_data, tmp_path):
@@ -318,7 +360,16 @@ def test_import_of_an_export_gives_the_head_back(method, exports, tiny_data, run
     for k in ("w1.weight", "norm.weight", "norm.bias", "w2.weight", "w2.bias", "token_ids"):
         assert torch.equal(new.state_dict()[k], old.state_dict()[k]), k
     if method != "joint":
-        assert new.config["training"] == old.config["training"] and "encode-dense" not in err
+        # the record names the model by what it is (no machine path), and sparsify still checks it
+        want = {**old.config["training"], "model_name": Path(old.config["training"]["model"]).name,
+                "model_fingerprint": model_fingerprint(old.config["training"]["model"])}
+        assert new.config["training"] == {k: v for k, v in want.items() if k != "model"} and "encode-dense" not in err
+        other = tmp_path / "other-model.h5"
+        shutil.copyfile(tiny_data / "dense" / "all-images.h5", other)
+        with h5py.File(other, "a") as f:
+            f.attrs["model_fingerprint"] = "sha256:" + "0" * 64
+        code, _, err = run_cli("sparsify", tmp_path / "head", other, "-o", tmp_path / "o.h5", "--allow-dense")
+        assert code == 2 and "model_fingerprint" in err, err
         caps = tiny_data / "caps.txt" if method == "inference-free" else tiny_data / "dense" / "all-captions.h5"
         for src, ref in ((tiny_data / "dense" / "all-images.h5", e["docs"]), (caps, e["queries"])):
             _assert_same(_rows(ref), _rows(read_sparse(mmsparse.sparsify(tmp_path / "head", src, out=tmp_path / "x.h5",
@@ -513,3 +564,73 @@ def test_export_api_refuses_unknown_format_and_route(sparse_file, tmp_path):
         mmsparse.export(sparse_file, out=tmp_path / "x", format="csv")
     with pytest.raises(InputError, match="--route 'docs'"):
         mmsparse.export(sparse_file, out=tmp_path / "x", route="docs")
+
+
+def test_export_without_sentence_transformers_names_the_extra(tiny_clip, tmp_path):
+    """`mmsparse export` (and `import`) where sentence-transformers cannot be imported: one line naming
+    the st extra, exit 2 (not an internal error from an import deeper in)."""
+    script = textwrap.dedent("""
+        import sys
+        sys.modules["sentence_transformers"] = None     # any import of it raises ImportError
+        from mmsparse import cli
+        sys.argv = ["mmsparse", *sys.argv[1:]]
+        cli.main()
+        """)
+    head = _tiny_head("d2s", tiny_clip, tmp_path)
+    folder = mmsparse.export(head, out=tmp_path / "folder")
+    for args in (["export", str(head), "-o", str(tmp_path / "st")], ["import", str(folder), "-o", str(tmp_path / "h")]):
+        res = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, cwd=tmp_path,
+                             timeout=300)
+        assert res.returncode == 2, res.stderr[-2000:]
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and "pip install 'mmsparse[st]'" in lines[0], res.stderr
+    assert not (tmp_path / "st").exists() and not (tmp_path / "h").exists()
+
+
+def test_import_refuses_a_query_table_a_head_cannot_hold(tiny_clip, run_cli, tmp_path):
+    """The inference-free export's query table is frozen by default; a table that went negative (trained
+    unfrozen: SparseStaticEmbedding has no ReLU) or holds weight at ids outside the head's terms is
+    refused by `mmsparse import` in one line with the count and the fix, exit 2, nothing written:
+    never clamped in silence."""
+    from safetensors.torch import load_file, save_file
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_clip))
+    head = _vocab_head(InferenceFreeHead, 24, tok, np.arange(5, len(tok.get_vocab())), str(tiny_clip),
+                       {"backbone": "clip", "model": str(tiny_clip)}, doc_top_k=6).save_pretrained(tmp_path / "if")
+    st = mmsparse.export(head, out=tmp_path / "st")
+    router = json.loads((st / "modules.json").read_text())[0]["path"]
+    cfg = json.loads((st / router / "router_config.json").read_text())
+    table = st / router / cfg["structure"]["query"][0]
+    assert json.loads((table / "config.json").read_text())["frozen"] is True
+    w = load_file(str(table / "model.safetensors"))["weight"]
+    ids = mmsparse.load_head(head).token_ids
+    terms = ids[w[ids] > 0][:3]
+    outside = torch.ones_like(w, dtype=torch.bool)
+    outside[ids] = False
+    for name, change, msg in (("neg", lambda v: v.index_fill_(0, terms, -0.5), "3 negative weight(s)"),
+                              ("stray", lambda v: v.masked_fill_(outside, 0.25), "weight(s) at token ids outside")):
+        bad = tmp_path / name
+        shutil.copytree(st, bad)
+        save_file({"weight": change(w.clone())}, str(bad / router / cfg["structure"]["query"][0] / "model.safetensors"))
+        code, _, err = run_cli("import", bad, "-o", tmp_path / "h")
+        assert code == 2 and msg in err and "frozen" in err and len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / "h").exists()
+
+
+def test_portable_record_names_hub_models_by_id_and_cards_say_base_model():
+    """A dual encoder in the Hugging Face cache is named by its hub id (the card's base_model), a
+    path in a list by its last component, an absolute path of no file by its name alone."""
+    from mmsparse.methods.head import model_card
+    from mmsparse.methods.st_record import portable
+
+    cfg = {"vocab_source": "/cache/models--org--clip-x/snapshots/abc123",
+           "training": {"model": "/cache/models--org--clip-x/snapshots/abc123", "model_fingerprint": "hf:org/clip-x@abc",
+                        "train_images": "/data/run/train-images.h5", "inputs": ["/data/a.h5", "b"]}}
+    out = portable(cfg)
+    assert out["vocab_source"] == "org/clip-x"
+    assert out["training"] == {"model": "org/clip-x", "model_name": "org/clip-x", "model_fingerprint": "hf:org/clip-x@abc",
+                               "train_images": "train-images.h5", "inputs": ["a.h5", "b"]}
+    card = model_card({"method": "d2s", **out}, use=["(use)"])
+    assert "base_model: org/clip-x" in card and "pipeline_tag: feature-extraction" in card and "/cache" not in card

@@ -1,7 +1,7 @@
 """Issue 52's six defects of VDR and its dense baseline, each checked where it lived: the max pool's
 sparse backward builds valid CSR tensors (torch's invariant check on) and survives a second backward;
-the text head's random init is never silent; bags of words follow the vocabulary's tokenizer, not
-the one that stored token_ids; docs/vdr.md states what was measured; the dense baseline honours
+the text head's random init is never silent; bags of words of another tokenizer than the one that
+stored token_ids are refused in one line; docs/vdr.md states what was measured; the dense baseline honours
 --weight-decay. Plus the hooks a FLOPs controller uses: k read from the head's config at call time,
 and the ungated validation vectors."""
 
@@ -9,16 +9,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from typer.testing import CliRunner
 
 import mmsparse
-from mmsparse.cli import app
-from mmsparse.formats.sparse import read_sparse
-from mmsparse.methods.head import load_head
+from mmsparse.errors import InputError
+from mmsparse.formats.dense import read_dense
 from mmsparse.methods.vdr.head import DSTHead, VDRHead, elu1p
 from mmsparse.vocab import Vocab
 
@@ -100,7 +97,7 @@ def test_a_text_head_without_the_embeddings_init_says_so(capsys):
 
 
 @pytest.fixture(scope="module")
-def other_tokenizer_run(tmp_path_factory, dual_encoder_dir):
+def other_tokenizer_files(tmp_path_factory, dual_encoder_dir):
     """Caption files whose token_ids are the backbone's (BERT WordPiece), and a --vocab-model with
     another tokenizer: the same words at other ids (a real BertTokenizer over a word list)."""
     from transformers import AutoTokenizer, BertConfig, BertModel, BertTokenizer
@@ -117,36 +114,32 @@ def other_tokenizer_run(tmp_path_factory, dual_encoder_dir):
                          intermediate_size=37)).save_pretrained(str(model))
     other.save_pretrained(str(model))
     assert tok.convert_tokens_to_ids("dog") != other.convert_tokens_to_ids("dog")
-    head = root / "head"
-    r = CliRunner().invoke(app, ["train-head", str(root / "train-images.h5"), str(root / "train-captions.h5"),
-                                 "-o", str(head), "--method", "vdr", "--epochs", "1", "--vocab-model", str(model),
-                                 "--batch-size", "16", "--vdr-train-k", "4", "--vdr-query-k", "3", "--vdr-doc-k", "5"])
-    assert r.exit_code == 0, r.output + repr(r.exception)
-    return root, head
+    return root, model
 
 
-def test_bags_of_words_follow_the_vocabulary_tokenizer(other_tokenizer_run, dual_encoder_dir):
-    """Defect 4: under --vocab-model with another tokenizer, the bags of words (training, VDR^α
-    queries) name each caption's own words, not the terms at the backbone's ids."""
+def test_bags_of_words_of_another_tokenizer_are_refused(other_tokenizer_files, dual_encoder_dir, run_cli):
+    """Defect 4 (as CHANGELOG states it): under a --vocab-model with another tokenizer than the one
+    the caption files' token_ids come from, training is refused in one line (exit 2, no head), not
+    run on texts re-tokenised in silence; caption_token_sets refuses those ids for the other
+    tokenizer and keeps them (its own) for the backbone's."""
     from mmsparse.methods.vdr.data import caption_token_sets
     from transformers import AutoTokenizer
-    root, head_dir = other_tokenizer_run
-    dual_tokenizer = AutoTokenizer.from_pretrained(str(dual_encoder_dir))
-    head = load_head(head_dir)
-    assert set(head.vocab) >= set(WORDS)
-    out = root / "bow.h5"
-    r = CliRunner().invoke(app, ["sparsify", str(head_dir), str(root / "val-captions.h5"), "-o", str(out),
-                                 "--query-mode", "bow"])
-    assert r.exit_code == 0, r.output + repr(r.exception)
-    bow = read_sparse(out)
-    for row, text in zip(bow.matrix.toarray(), bow.texts):
-        assert {head.vocab[i] for i in np.flatnonzero(row)} == set(text.split())
-    # caption_token_sets: the other tokenizer's ids of each caption's words; the backbone's tokenizer
-    # keeps the stored ids (its own)
-    for tok in (AutoTokenizer.from_pretrained(str(root / "other-model")), dual_tokenizer):
-        ids = caption_token_sets(root / "val-captions.h5", tok, set(tok.all_special_ids))
-        words = [sorted(set(t.split())) for t in bow.texts]
-        assert [sorted(tok.convert_ids_to_tokens(a.tolist())) for a in ids] == words
+    root, model = other_tokenizer_files
+    head = root / "head"
+    code, _, err = run_cli("train-head", root / "train-images.h5", root / "train-captions.h5", "-o", head,
+                           "--method", "vdr", "--epochs", "1", "--vocab-model", model, "--batch-size", "16",
+                           "--vdr-train-k", "4", "--vdr-query-k", "3", "--vdr-doc-k", "5")
+    errors = [ln for ln in err.splitlines() if ln.startswith("mmsparse: error")]
+    assert code == 2 and len(errors) == 1, err
+    assert "token_ids are another tokenizer's" in errors[0] and "--vocab-model" in errors[0]
+    assert not head.exists()
+    other = AutoTokenizer.from_pretrained(str(model))
+    with pytest.raises(InputError, match="another tokenizer's"):
+        caption_token_sets(root / "val-captions.h5", other, set(other.all_special_ids))
+    dual = AutoTokenizer.from_pretrained(str(dual_encoder_dir))
+    ids = caption_token_sets(root / "val-captions.h5", dual, set(dual.all_special_ids))
+    texts = read_dense(root / "val-captions.h5").texts
+    assert [sorted(dual.convert_ids_to_tokens(a.tolist())) for a in ids] == [sorted(set(t.split())) for t in texts]
 
 
 def test_docs_state_what_was_measured():

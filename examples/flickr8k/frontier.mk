@@ -26,13 +26,12 @@ FRONTIER_D2S   ?= 12 9.4 6 4 2
 FRONTIER_IF    ?= 2 1 0.5
 FRONTIER_JOINT ?= 9.4 6
 FRONTIER_FLAGS ?=
-# 1: one run per method and seed passes through every budget (`train-head --target-flops 12,9.4,6,4,2`,
-# heads front-METHOD-sS/flops-F); 0: one run per head. docs/d2s.md "One run through every budget" says how
-# validation chose it.
-FRONTIER_PATHS ?= 1
+# FRONTIER_PATHS (the Makefile's, default 1): one run per method and seed through every budget
+# (`train-head --target-flops 12,9.4,6,4,2`, heads front-METHOD-sS/flops-F); 0: one run per head.
 
 comma := ,
 budget_list = $(subst $() ,$(comma),$(strip $(1)))
+# the D2S head of budget F and seed S: front_d2s (the Makefile's, which vdr.mk reads too)
 seeded = $(foreach s,$(FRONTIER_SEEDS),$(foreach b,$(2),$(call $(1),$(b),$(s))))
 # budget and seed of a head name front-METHOD-F-sS
 front_budget = $(word 3,$(subst -, ,$(1)))
@@ -43,7 +42,6 @@ FRONTIER_IF_HEADS    := $(call seeded,front_if,$(FRONTIER_IF))
 FRONTIER_JOINT_HEADS := $(call seeded,front_joint,$(FRONTIER_JOINT))
 
 ifeq ($(FRONTIER_PATHS),1)
-front_d2s = front-d2s-$(1)-s$(2)
 FRONTIER_D2S_HEADS := $(call seeded,front_d2s,$(FRONTIER_D2S))
 # a path's run: front-METHOD-sS/ holds flops-F/ per budget; front-METHOD-F-sS links to its flops-F
 # (so every later stage reads a plain head name); 1 method, 2 seed, 3 budgets, 4 train-head flags,
@@ -66,8 +64,6 @@ $(foreach s,$(FRONTIER_SEEDS),$(eval $(call FRONTIER_PATH_RULES,if,$(s),$(FRONTI
 $(foreach s,$(FRONTIER_SEEDS),$(eval $(call FRONTIER_PATH_RULES,joint,$(s),$(FRONTIER_JOINT),--method joint,\
   $(JOINT_STATES),$(JOINT_INPUTS))))
 else
-# the D2S head of budget F and seed S: the main job's for D2S_BUDGET and SEED, else front-d2s-F-sS
-front_d2s = $(if $(and $(filter $(1),$(D2S_BUDGET)),$(filter $(2),$(SEED))),$(HEAD),front-d2s-$(1)-s$(2))
 FRONTIER_D2S_HEADS := $(call seeded,front_d2s,$(FRONTIER_D2S))
 $(foreach h,$(filter front-%,$(FRONTIER_D2S_HEADS)),$(eval HEAD_FLAGS_$(h) = --target-flops $(call front_budget,$(h)) \
   --seed $(call front_seed,$(h)) $(FRONTIER_FLAGS)))

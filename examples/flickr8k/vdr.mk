@@ -28,7 +28,8 @@
 #   VDR_DENSE_FLAGS  the dense baseline's own flags on top (its tuned settings: they override VDR_SCHEDULE's)
 #   VDR_POINTS       the table's (k_query/k_doc) points: the first chosen on validation at FLOPs <= 10 (docs/vdr.md),
 #                    then k = 512 on both sides (the paper's k = d)
-#   VDR_D2S_BUDGET   the D2S budget shown beside, at about VDR's FLOPs (the heads front-d2s-F-sS of `make frontier`)
+#   VDR_D2S_BUDGET   the D2S budget shown beside, at about VDR's FLOPs (`make frontier`'s heads of that budget, every
+#                    seed: front-d2s-F-sS, and the main job's head for its own budget and seed)
 VDR_STATES      ?= $(JOINT_STATES)
 VDR_SEEDS       ?= 1 2 3
 # The schedule, chosen on validation (docs/vdr.md "Schedule"; VDR's defaults are the paper's App. A: 20 epochs
@@ -105,8 +106,10 @@ $(WORK)/eval/$(4)-q$(2)-d$(3).json: $(WORK)/runs/$(4)-q$(2)-d$(3).trec $(WORK)/s
 	$(MMSPARSE) eval $$< $(VDR_QRELS) -o $$@ --queries $$(word 2,$$^) --docs $$(word 3,$$^) $(5) $(EVAL_FLAGS)
 endef
 
-# D2S at about VDR's FLOPs (the frontier's heads of VDR_D2S_BUDGET, seed S), where `make frontier` has searched
-vdr_d2s_run = $(wildcard $(WORK)/runs/front-d2s-$(VDR_D2S_BUDGET)-s$(1).expand.trec)
+# D2S at about VDR's FLOPs (the frontier's heads of VDR_D2S_BUDGET, seed S, named as frontier.mk names them: the
+# main job's head $(HEAD) for D2S_BUDGET and SEED), where `make frontier` has searched
+vdr_d2s_head = $(call front_d2s,$(VDR_D2S_BUDGET),$(1))
+vdr_d2s_run = $(wildcard $(WORK)/runs/$(call vdr_d2s_head,$(1)).expand.trec)
 vdr_tests   = --dense-run $(WORK)/runs/vdr-dense-s$(1).trec $(if $(call vdr_d2s_run,$(1)),--compare $(call vdr_d2s_run,$(1)))
 vdr_against = $(WORK)/runs/vdr-dense-s$(1).trec $(call vdr_d2s_run,$(1))
 vdr_kq      = $(word 1,$(subst /, ,$(1)))
@@ -154,7 +157,7 @@ vdr: vdr-table vdr-curve
 # the table's rows: LABEL=EVAL,EVAL,... (one evaluation per seed; ~ for the label's spaces)
 vdr_evals   = $(call commas,$(foreach s,$(VDR_SEEDS),$(WORK)/eval/$(1)-s$(s)-$(2).json))
 vdr_label   = k~=~$(call vdr_kq,$(1))/$(call vdr_kd,$(1))
-VDR_D2S_EVALS = $(wildcard $(foreach s,$(VDR_SEEDS),$(WORK)/eval/front-d2s-$(VDR_D2S_BUDGET)-s$(s).expand.json))
+VDR_D2S_EVALS = $(wildcard $(foreach s,$(VDR_SEEDS),$(WORK)/eval/$(call vdr_d2s_head,$(s)).expand.json))
 VDR_D2S_ROW   = D2S~(F~=~$(VDR_D2S_BUDGET))
 VDR_ROWS    = shipped~dense=$(WORK)/eval/vdr-shipped.json \
               dense~trained~alike=$(call commas,$(foreach h,$(VDR_DENSE_HEADS),$(WORK)/eval/$(h).json)) \

@@ -85,13 +85,16 @@ def _export_jsonl(source: Path, out: Path, escape_dots: bool, seismic: bool, bat
 
 def _export_st(source, out: Path, route: str, model, backbone, precision, max_length, query_mode,
                progress) -> Path:
+    from ..methods.st_require import require_st
+
+    require_st()     # before methods.st, whose imports need sentence-transformers
     from ..atomic import atomic_path
     from ..methods.head import load_head, model_card
     from ..methods.headdir import resolve_head_path
-    from ..methods.st import build_encoder, card_usage, require_st, save_encoder
+    from ..methods.st import build_encoder, card_usage, record_file, save_encoder
+    from ..methods.st_record import known_hashes, portable
     from ..progress import reporter
 
-    require_st()
     if precision not in (None, "fp32"):
         raise InputError(f"--precision {precision}: an export is sentence-transformers' own modules in float32 "
                          "(pass model_kwargs={'torch_dtype': ...} when loading it for another dtype); drop the option")
@@ -114,8 +117,9 @@ def _export_st(source, out: Path, route: str, model, backbone, precision, max_le
                             query_mode=query_mode)
         with atomic_path(out, directory=True) as tmp:
             save_encoder(enc, tmp)
-            cfg = {"method": head.method, **head.config}
-            (tmp / "README.md").write_text(model_card(cfg, use=card_usage(head.method, route)), encoding="utf-8")
+            cfg = {"method": head.method, **portable(head.config, known_hashes(p))}   # no machine paths
+            (tmp / "README.md").write_text(model_card(cfg, use=card_usage(head.method, route), record=record_file(tmp)),
+                                           encoding="utf-8")
         bar.advance(1)
     return out
 
@@ -146,11 +150,13 @@ def import_head(folder: str | Path, *, out: str | Path, progress=None) -> Path:
     before `sparsify` (a log line says which). InputError for a folder that is not such an export
     (a query-route export included: it has no image route) or whose module stack was changed.
     Returns `out`."""
-    from ..methods.st import require_st, tower_dir
+    from ..methods.st_require import require_st
+
+    require_st()     # before methods.st, whose imports need sentence-transformers
+    from ..methods.st import tower_dir
     from ..methods.st_import import read_export
     from ..progress import reporter
 
-    require_st()
     folder = Path(folder)
     rep = reporter(progress)
     head, changed = read_export(folder)

@@ -222,17 +222,20 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def model_card(config: dict, use: list[str] | None = None) -> str:
+def model_card(config: dict, use: list[str] | None = None, record: str | None = "`config.json` (`training`, `provenance`)") -> str:
     """The README.md model card of a head, from its config.json dict: YAML front matter
     (library_name mmsparse, tags, base_model when the backbone model is a hub id), the method,
     backbone and model, input dimension, the vocabulary (size and source), how to use it, the
     training data (dataset and file names, never local paths), the chosen epoch's validation
     figures and each epoch's, the resolved training config, and the mmsparse version.
     use: the lines of the "Use" section instead of mmsparse's own (an export to another library,
-    whose name then heads the front matter: api/exporting.py gives sentence-transformers')."""
+    whose name then heads the front matter: api/exporting.py gives sentence-transformers', with
+    pipeline_tag feature-extraction, as sentence-transformers' own sparse encoder cards).
+    record: where in the folder the head's full record is (markdown); None: the folder holds none
+    (an inference-free query-route export)."""
     method = config.get("method") or "?"
     tr = config.get("training") or {}
-    model = tr.get("model") or ""
+    model = tr.get("model") or tr.get("model_name") or ""   # (an export names a local model by name only)
     hub_model = bool(model) and not str(model).startswith(("/", ".", "~")) and "/" in str(model)
     prov = config.get("provenance") or {}
     lines = ["---", f"library_name: {'sentence-transformers' if use else 'mmsparse'}",
@@ -240,6 +243,8 @@ def model_card(config: dict, use: list[str] | None = None) -> str:
              + (", sentence-transformers, sparse-encoder]" if use else "]")]
     if hub_model:
         lines.append(f"base_model: {model}")
+    if use:
+        lines.append("pipeline_tag: feature-extraction")
     lines += ["---", "", f"# {method} sparse head for {tr.get('backbone') or 'a'} {_name(model) or ''}".rstrip(), "",
               f"A learned sparse retrieval head trained with [mmsparse](https://pypi.org/project/mmsparse/) "
               f"(method `{method}`): it maps the dense vectors of a frozen vision-language dual encoder to "
@@ -291,5 +296,6 @@ def model_card(config: dict, use: list[str] | None = None) -> str:
     lines += ["", "## Provenance", "", f"- mmsparse version: {prov.get('mmsparse_version', '?')}"]
     if prov.get("seed") is not None:
         lines.append(f"- seed: {prov['seed']}")
-    lines.append("- full record: `config.json` (`training`, `provenance`)")
+    lines.append(f"- full record: {record}" if record else
+                 "- full record: not in this folder (the full export's SparseGates config holds it)")
     return "\n".join(lines) + "\n"

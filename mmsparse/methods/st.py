@@ -38,23 +38,12 @@ import torch
 from ..errors import InputError
 from .inference_free.queries import MAX_TOKENS
 from .sparse_gates import FILE_NAME, QUERY_MODES, SparseGates
+from .st_require import require_st  # noqa: F401  (re-exported)
 
 ST_METHODS = ("d2s", "inference-free", "joint")   # heads over pooled dense vectors with a text vocabulary
 ST_BACKBONES = ("hf-dual", "clip", "siglip")      # transformers dual encoders with get_*_features
 GATES_TYPE = f"{FILE_NAME.removesuffix('.py')}.{SparseGates.__name__}"   # its class path in modules.json
 LN_EPS = 1e-5   # sentence-transformers' LayerNorm module is nn.LayerNorm(dimension): eps fixed at 1e-5
-
-
-def require_st():
-    """The sentence_transformers module (>= 5.4: SparseEncoder, modules under base/); InputError
-    naming the extra to install."""
-    try:
-        import sentence_transformers
-        from sentence_transformers.base.modules import Router  # noqa: F401  (absent before 5.4)
-    except ImportError:
-        raise InputError("--format sentence-transformers needs sentence-transformers >= 5.4: "
-                         "pip install 'mmsparse[st]'") from None
-    return sentence_transformers
 
 
 def output_size(tokenizer, token_ids) -> int:
@@ -91,10 +80,13 @@ def head_tokenizer(head):
     return tok
 
 
-def static_query_module(head):
+def static_query_module(head, frozen: bool = True):
     """SparseStaticEmbedding of an inference-free head's term-weight table over its tokenizer's ids:
     weight[token_ids[c]] = max(0, query_weight[c]), 0 at special ids and ids the head lacks; a copy
-    of the tokenizer with model_max_length MAX_TOKENS (128). InputError without a tokenizer."""
+    of the tokenizer with model_max_length MAX_TOKENS (128). frozen (the default): the table is not
+    trained by sentence-transformers' trainers (SparseStaticEmbedding applies no ReLU, so a trained
+    table goes negative, which `mmsparse import` refuses); docs/export.md says how to unfreeze it.
+    InputError without a tokenizer."""
     import copy
 
     from sentence_transformers.sparse_encoder.modules import SparseStaticEmbedding
@@ -105,7 +97,7 @@ def static_query_module(head):
     weight = torch.zeros(output_size(tok, ids.numpy()), dtype=torch.float32)
     weight[ids] = head.query_weight.detach().float().cpu().clamp(min=0)
     weight[special_ids(tok)] = 0.0
-    return SparseStaticEmbedding(tokenizer=tok, weight=weight, frozen=False)
+    return SparseStaticEmbedding(tokenizer=tok, weight=weight, frozen=frozen)
 
 
 def check_exportable(head, backbone: str | None, route: str) -> None:
@@ -204,11 +196,14 @@ def head_modules(head) -> list:
 
 def gates_module(head, tok, *, backbone: str | None, static_text: bool, query_mode: str) -> SparseGates:
     """The SparseGates of `head` (top-k of each side, posting floor, token ids) over tokenizer `tok`."""
+    from .st_record import known_hashes, portable
+
     floor = hasattr(head, "doc_floor")
+    config = portable(head.config, known_hashes(getattr(head, "source_dir", None)))
     g = SparseGates(len(head.vocab), output_size(tok, head.token_ids.cpu().numpy()),
                     image_top_k=head.top_k("image"), text_top_k=head.top_k("text"), floor=floor,
                     query_mode=query_mode, static_text=static_text, special_ids=special_ids(tok),
-                    mmsparse={"method": head.method, "backbone": backbone, "config": head.config})
+                    mmsparse={"method": head.method, "backbone": backbone, "config": config})
     with torch.no_grad():
         g.token_ids.copy_(head.token_ids.cpu())
         if floor:
@@ -263,6 +258,14 @@ def save_encoder(encoder, out: Path) -> None:
     (out / "modules.json").write_text(json.dumps(entries, indent=2), encoding="utf-8")
 
 
+def record_file(folder: Path) -> str | None:
+    """Where an export folder holds the head's record, for its card: "`N_SparseGates/config.json`
+    (`mmsparse.config`)"; None for a folder without SparseGates (a query-route export)."""
+    entries = json.loads((folder / "modules.json").read_text(encoding="utf-8"))
+    gates = next((e["path"] for e in entries if e["type"] == GATES_TYPE), None)
+    return f"`{gates}/config.json` (`mmsparse.config`: the head's config and its `training` record)" if gates else None
+
+
 def tower_dir(folder: Path) -> Path | None:
     """The folder of an export's Transformer module (the dual encoder's weights): the root, or an
     inference-free export's document route; None when it has none (a query-route export)."""
@@ -299,8 +302,10 @@ def card_usage(method: str, route: str) -> list[str]:
              'q = model.encode_query(["a dog running on the beach"])   # sparse [1, vocabulary] tensor',
              "print(model.decode(q, top_k=10))                         # (token, weight) pairs"]
     if route == "all":
-        lines += ["", "from PIL import Image",
-                  'd = model.encode_document([Image.open("dog.jpg")])   # images (or paths)',
+        lines += ["", "from PIL import Image   # Pillow: the model's image processor reads PIL images",
+                  "",
+                  "# PIL images: Image.open refuses a path that is not a file, where a string would be encoded as text",
+                  'd = model.encode_document([Image.open(p).convert("RGB") for p in ["dog.jpg"]])',
                   "print(model.similarity(q, d))                          # dot products"]
     lines += ["```", ""]
     if only_st:
@@ -314,4 +319,12 @@ def card_usage(method: str, route: str) -> list[str]:
                      "floor, caption-term queries with `task=\"caption-terms\"`): loading runs it, hence "
                      "`trust_remote_code=True`; mmsparse is not needed. The model fine-tunes with "
                      "`SparseEncoderTrainer`, and `mmsparse import DIR -o HEAD` reads it back as a head.")
+        lines += ["", "Needs `sentence-transformers>=5.4` and Pillow (`pip install sentence-transformers pillow`). After "
+                  "fine-tuning, save with `model.save(DIR, create_model_card=False)` and copy this README.md into DIR: "
+                  "sentence-transformers' generated card omits `trust_remote_code=True`, without which the model "
+                  "does not load."]
+    if method == "inference-free":
+        lines += ["", "The query table (`SparseStaticEmbedding`) is frozen: fine-tuning trains the document side. "
+                  "It has no ReLU, so a table trained unfrozen can go negative, which mmsparse heads and search "
+                  "engines' `rank_features` refuse (`mmsparse import` refuses such a table)."]
     return lines

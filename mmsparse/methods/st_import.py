@@ -4,7 +4,8 @@ as a head directory (`mmsparse import FOLDER -o HEAD`).
 The folder is read as files (modules.json, each module's config.json and model.safetensors), never
 by running its code: Dense (W1) -> w1, LayerNorm -> norm, Dense (W2 + b) -> w2, SparseGates ->
 token_ids, doc_floor, the top-k of each side and the head's own config; an inference-free export's
-SparseStaticEmbedding -> query_weight (max(0, w) at each term's id, as exported). A joint export
+SparseStaticEmbedding -> query_weight (the table at each term's id; a table with negative weights,
+or weight at ids outside the head's terms, is refused: never clamped in silence). A joint export
 becomes a D2S head: its tuned projections and final layers now live in the folder's dual encoder,
 whose vectors are the joint head's dense vectors.
 
@@ -77,6 +78,30 @@ def export_modules(folder: Path) -> tuple[list[tuple[str, Path]], Path | None, P
     return chain, static, gates[0]
 
 
+def _table(static: Path, token_ids: torch.Tensor) -> torch.Tensor:
+    """query_weight [|V|] float32 of an inference-free export's SparseStaticEmbedding (weight [num
+    tokens]) at the head's token ids. InputError, in one line with the count and the fix, for a
+    table that a head cannot hold as it is: negative weights (sentence-transformers' table has no
+    ReLU; a head's queries are max(0, w), so clamping would change every score they touch) or
+    weight at ids outside the head's terms (the head has no column for them)."""
+    weight = _weights(static)["weight"].float()
+    where = f"{static}/model.safetensors"
+    neg = int((weight < 0).sum())
+    if neg:
+        raise InputError(f"{where}: the query table holds {neg} negative weight(s) (fine-tuned without the table "
+                         "frozen; sentence-transformers' SparseStaticEmbedding has no ReLU), which a head cannot "
+                         "hold without changing scores: fine-tune with the table frozen (the export's default), "
+                         "or set them to 0 in the model yourself (weight.data.clamp_(min=0)) and save it again")
+    outside = torch.ones_like(weight, dtype=torch.bool)
+    outside[token_ids] = False
+    stray = int((weight[outside] != 0).sum())
+    if stray:
+        raise InputError(f"{where}: {stray} weight(s) at token ids outside the head's {token_ids.numel()} terms, "
+                         "which a head has no column for: fine-tune with the table frozen (the export's default), "
+                         "or set them to 0 in the model and save it again")
+    return weight[token_ids]
+
+
 def read_export(folder: str | Path):
     """(head, changed) of export `folder`: the head (a SparseHead of the exported method, joint read as
     d2s, its tokenizer set) and whether its dense vectors now come from the folder's own dual
@@ -117,7 +142,7 @@ def read_export(folder: str | Path):
     if method == "inference-free":
         if static is None:
             raise InputError(f"{folder}: an inference-free export without its query table (SparseStaticEmbedding)")
-        state["query_weight"] = _weights(static)["weight"].float()[token_ids]
+        state["query_weight"] = _table(static, token_ids)
     changed = joint or towers_sha256(folder) != mm.get("towers_sha256")
     if changed:
         training = dict(config.get("training") or {})

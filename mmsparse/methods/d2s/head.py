@@ -141,21 +141,39 @@ class _GatedLogReluLinear(torch.autograd.Function):
                         (s_img.neg().exp() * (s_img > 0) * g_img).flatten()]).float()
         cols = torch.cat([cap_cols.flatten(), img_top.flatten()])
         dev = x.device
-        # rows as built: B caption rows of w_cap entries, then U image rows of w_img (a column listed
-        # twice in a row, an own term among the top ones, is summed by the products)
-        crow = torch.cat([torch.arange(0, n_cap * w_cap, w_cap, device=dev),
-                          torch.arange(n_cap * w_cap, gp.numel() + 1, w_img, device=dev)])
-        g = torch.sparse_csr_tensor(crow, cols, gp, (r, v), check_invariants=False)
-        rows = torch.repeat_interleave(torch.arange(r, device=dev), torch.diff(crow))
-        order = torch.argsort(cols, stable=True)
-        crow_t = torch.zeros(v + 1, dtype=torch.int64, device=dev)
-        crow_t[1:] = torch.cumsum(torch.bincount(cols, minlength=v), 0)
-        gt = torch.sparse_csr_tensor(crow_t, rows[order], gp[order], (v, r), check_invariants=False)
+        # entries as built: B caption rows of w_cap, then U image rows of w_img, in top-k order (unsorted),
+        # an own term among the top ones listed twice, the pads at column v - 1; merged into one entry
+        # per (row, column) with summed gradient, columns rising within each row: a valid CSR both ways
+        rows = torch.cat([torch.arange(n_cap, device=dev).repeat_interleave(w_cap),
+                          torch.arange(n_cap, r, device=dev).repeat_interleave(w_img)])
+        g, gt = csr_pair(rows, cols, gp, r, v)
         with torch.autocast(dev.type, enabled=False):
             gx = (g @ weight.float()).to(x.dtype)
             gw = (gt @ x.float()).to(weight.dtype)
         gb = torch.zeros(v, dtype=torch.float32, device=dev).index_add_(0, cols, gp).to(ctx.bias_dtype)
         return gx, gw, gb, None, None, None, None
+
+
+# torch's own switch (off by default: the check costs a pass; `with torch.sparse.check_sparse_tensor_invariants():`
+# turns it on, as the tests do), passed explicitly so torch does not warn that it is implicitly off
+CHECK = torch.sparse.check_sparse_tensor_invariants.is_enabled
+
+
+def csr_pair(rows: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor, n_rows: int, n_cols: int):
+    """(G [n_rows, n_cols], Gᵀ) float32 CSR matrices of the COO entries (rows, cols, vals) [nnz], any
+    order, a (row, column) listed more than once summed: each row's columns sorted and unique, so
+    both pass torch's check_invariants (checked when check_sparse_tensor_invariants is on)."""
+    key, inv = torch.unique(rows * n_cols + cols, sorted=True, return_inverse=True)
+    val = torch.zeros(key.numel(), dtype=torch.float32, device=vals.device).index_add_(0, inv, vals.float())
+    r, c = torch.div(key, n_cols, rounding_mode="floor"), key % n_cols
+    crow = torch.zeros(n_rows + 1, dtype=torch.int64, device=vals.device)
+    crow[1:] = torch.cumsum(torch.bincount(r, minlength=n_rows), 0)
+    g = torch.sparse_csr_tensor(crow, c, val, (n_rows, n_cols), check_invariants=CHECK())
+    order = torch.argsort(c * n_rows + r)           # (column, row) order: the transpose's CSR order
+    crow_t = torch.zeros(n_cols + 1, dtype=torch.int64, device=vals.device)
+    crow_t[1:] = torch.cumsum(torch.bincount(c, minlength=n_cols), 0)
+    gt = torch.sparse_csr_tensor(crow_t, r[order], val[order], (n_cols, n_rows), check_invariants=CHECK())
+    return g, gt
 
 
 def top_k_rows(s: torch.Tensor, k: int | None) -> torch.Tensor:

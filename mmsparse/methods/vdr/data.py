@@ -89,10 +89,12 @@ class States:
 
 def caption_token_sets(path: str | Path, tokenizer, special_ids, check: int = 256) -> list[np.ndarray]:
     """Bag of words of each caption as sorted unique ids of `tokenizer` (int64, special tokens dropped):
-    the stored token_ids where they are this tokenizer's (the first `check` untruncated captions
-    tokenize to them again; unchecked without a tokenizer or texts), else the tokenized `texts`
-    (token_ids of another tokenizer, e.g. the backbone's under --vocab-model, name other terms).
-    InputError (one line) when the file has neither."""
+    the stored token_ids, checked to be this tokenizer's (the first `check` untruncated captions
+    tokenize to them again; unchecked without a tokenizer or texts); the tokenized `texts` when the
+    file stores no token_ids. InputError (one line) when the stored token_ids are another tokenizer's
+    (e.g. the backbone's under a --vocab-model with another tokenizer: they name other terms, and the
+    texts are not re-tokenised in silence, since the towers saw the stored tokens), or the file has
+    neither."""
 
     special = np.asarray(sorted(special_ids), dtype=np.int64)
     with open_read(path) as f:
@@ -107,6 +109,10 @@ def caption_token_sets(path: str | Path, tokenizer, special_ids, check: int = 25
                     ids.append(a[~np.isin(a, special)])
             if tokenizer is None or texts is None or _same_tokenizer(ids, full, texts, tokenizer, check):
                 return ids
+            name = getattr(tokenizer, "name_or_path", "") or "the vocabulary's"
+            raise InputError(f"{path}: token_ids are another tokenizer's than {name} (the vocabulary's), so the "
+                             "bags of words would name other terms; use a --vocab-model whose tokenizer is the "
+                             "backbone's (or none), or re-encode the captions with a backbone of that tokenizer")
     if texts is None:
         raise InputError(f"{path}: neither token_ids nor texts; re-run encode-dense on captions")
     if tokenizer is None:
