@@ -174,3 +174,52 @@ def test_kannolo_refuses_empty_collection(tmp_path):
     with pytest.raises(InputError, match="no non-empty document"):
         build_kannolo_index(tmp_path / "e.h5", tmp_path / "k")
     assert not (tmp_path / "k").exists()
+
+
+def _int_topk(m: sp.csr_matrix, scale: float, idx: np.ndarray, w: np.ndarray, k: int) -> np.ndarray:
+    """Brute-force integer scores of BMP's own weights: documents rint(w x scale), the query
+    rint(w x 32 / max w); the k largest positive scores, decreasing [<= k] int64."""
+    from mmsparse.indexes.bmp_exact import int_weights
+
+    d = sp.csr_matrix((int_weights(m.data, scale), m.indices, m.indptr), shape=m.shape)
+    q = np.zeros(m.shape[1])
+    q[idx] = np.rint(w * (32 / w.max()))
+    s = (d @ q).astype(np.int64)
+    return -np.sort(-s[s > 0])[:k]
+
+
+def _bmp_int_scores(s, w: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """BMP searcher scores (~ <q, d>) back to its integers."""
+    return np.rint(scores * s.scale * 32 / w.max()).astype(np.int64)
+
+
+def _loose_blocks(n: int = 640, v: int = 48, seed: int = 5) -> sp.csr_matrix:
+    """Documents whose block maxima are loose bounds: 6 terms a document, weights spread over
+    two orders of magnitude, so a block's bound sums maxima held by different documents."""
+    rng = np.random.default_rng(seed)
+    rows = np.repeat(np.arange(n), 6)
+    cols = np.concatenate([rng.choice(v, 6, replace=False) for _ in range(n)])
+    return sp.csr_matrix((rng.uniform(0.02, 2.0, len(rows)).astype(np.float32), (rows, cols)), shape=(n, v))
+
+
+def test_bmp_reaches_the_brute_force_integer_kth_score(tmp_path):
+    """alpha = beta = 1 is exact on BMP's integer weights: for every query the k-th score equals
+    brute-force integer scoring's (ties at the k-th score may swap documents). Released BMP never
+    scores the last block it visits; mmsparse's completion does (indexes/bmp_exact.py)."""
+    m = _loose_blocks()
+    _write(tmp_path / "d.h5", m)
+    build_bmp_index(tmp_path / "d.h5", tmp_path / "b", block_size=16)
+    s = open_index(tmp_path / "b")
+    rng = np.random.default_rng(6)
+    bad = []
+    for i in range(150):
+        idx = np.sort(rng.choice(m.shape[1], int(rng.integers(1, 12)), replace=False)).astype(np.int32)
+        w = rng.uniform(0.05, 1.0, len(idx)).astype(np.float32)
+        for k in (1, 10):
+            want = _int_topk(m, s.scale, idx, w, k)
+            rows, scores = s.search_one(idx, w, k)
+            got = _bmp_int_scores(s, w, scores)
+            if len(got) != len(want) or (len(got) and got[-1] != want[-1]):
+                bad.append((i, k, got.tolist(), want.tolist()))
+    assert not bad, f"{len(bad)} of 300 searches miss the k-th score, e.g. {bad[:2]}"
+    assert s.completions > 0   # the last block mattered

@@ -113,7 +113,7 @@ def endtoend_md(rows: list[dict]) -> str:
 
 EDGE_ENGINES = ("exhaustive", "pisa", "seismic", "bmp", "kannolo", "two-stage", "milvus-sparse", "faiss-flat",
                 "faiss-hnsw", "milvus-dense")
-EDGE_COLUMNS = ("head", "query_mode", "engine", "mode", "p50_ms", "p99_ms", "engine_mean_ms", "x_hnsw", "overlap@10",
+EDGE_COLUMNS = ("head", "query_mode", "engine", "mode", "p50_ms", "p99_ms", "x_hnsw", "overlap@10",
                 "R@10", "postings_per_query", "build_s", "bytes_per_doc", "rss_mb", "edge")
 
 
