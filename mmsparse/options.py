@@ -13,15 +13,16 @@ from .errors import InputError
 
 def option(default: Any, help: str, *, flag: str | None = None, aliases: tuple = (), min: float | None = None,
            max: float | None = None, choices: tuple | None = None, paper: str | None = None,
-           panel: str | None = None, text: bool = False):
+           panel: str | None = None, envvar: str | None = None, secret: bool = False, text: bool = False):
     """A config field with what the command line needs: `help` (units, meaning), `flag` (default
     --name-with-dashes; "--on/--off" for booleans), other spellings `aliases`, numeric
     `min`/`max`, `choices`, `paper`: the paper's setting this default is (shown in --help), and
-    `panel`: the --help panel it is listed in (commands whose options are one dataclass); `text`:
-    the command line passes the value as written (a list such as --target-flops 12,9.4,6), for the
-    API to parse."""
+    `panel`: the --help panel it is listed in (commands whose options are one dataclass), `envvar`:
+    an environment variable the command line reads it from, `secret`: never shown or recorded
+    (a token), `text`: the command line passes the value as written (a list such as
+    --target-flops 12,9.4,6), for the API to parse."""
     meta = {"help": help, "flag": flag, "aliases": tuple(aliases), "min": min, "max": max, "choices": choices,
-            "paper": paper, "panel": panel, "text": text}
+            "paper": paper, "panel": panel, "envvar": envvar, "secret": secret, "text": text}
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)

@@ -444,6 +444,10 @@ def test_bench_harness_small(tmp_path):
     assert got[("synthetic-300", "pisa", "exp block_max_wand", 10)]["R@10"] is None
     meta = json.loads((bench / "search.meta.json").read_text())
     assert meta["jobs"]["flickr8k"]["d2s/exhaustive"]["stats"]["docs"] == 150
+    from importlib.metadata import version
+    assert meta["engine_versions"]["bmp"] == version("bmp") and meta["engine_versions"]["kannolo"]
+    b = got[("flickr8k", "bmp", "block=8 a=1.0 b=1.0", 10)]   # timed per call like the others: no own timer
+    assert "engine_mean_ms" not in b and b["fallbacks"] >= 0 and b["completions"] >= 0
     assert (bench / "frontier.png").stat().st_size > 0 and (bench / "frontier-synthetic.png").stat().st_size > 0
     assert "| head | engine |" in (bench / "search.md").read_text()
     # the inference-free head: its own reference (its queries, aligned by id, against its documents)

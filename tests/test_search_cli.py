@@ -282,13 +282,18 @@ def test_help_states_the_api_defaults_and_units(run_cli, monkeypatch, cmd, fn):
     assert code == 0
     helps = _option_help(out)
     shown = 0
-    for name, p in inspect.signature(getattr(mmsparse, fn)).parameters.items():
-        if p.kind is not inspect.Parameter.KEYWORD_ONLY or name in ("out", "progress"):
-            continue
+    keywords = [(name, p.default) for name, p in inspect.signature(getattr(mmsparse, fn)).parameters.items()
+                if p.kind is inspect.Parameter.KEYWORD_ONLY and name not in ("out", "progress", "engine_options")]
+    if fn == "build_index":   # its engine settings: the fields of the engines' options dataclasses
+        import dataclasses
+
+        from mmsparse.indexes.options import ALL
+        keywords += [(f.name, f.default) for cls in ALL for f in dataclasses.fields(cls)]
+    for name, default in keywords:
         flag = "--" + name.replace("_", "-")
         assert flag in helps, flag  # the CLI has every keyword of the API
-        if p.default is not None and p.default is not False and p.default != "":  # 0 and 0.0 are shown
-            assert f"[default: {p.default}]" in helps[flag], (flag, helps[flag])
+        if default is not None and default is not False and default != "":  # 0 and 0.0 are shown
+            assert f"[default: {default}]" in helps[flag], (flag, helps[flag])
             shown += 1
     assert shown >= 15
     for flag, unit in UNITS[cmd].items():

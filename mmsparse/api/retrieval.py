@@ -26,7 +26,8 @@ def search(index_dir: str | Path, queries: str | Path, *, out: str | Path, k: in
            batch_size: int = 1000, tag: str = "", mode: str = "single", query_top_n: int = 0,
            min_weight: float = 0.0, force: bool = False, first_stage: str | Path | None = None,
            candidates: int = 1000, query_algorithm: str = "", query_bits: int = 8, heap_factor: float = 0.7,
-           query_cut: int = 10, bmp_alpha: float = 1.0, bmp_beta: float = 1.0, ef_search: int = 0, dense_queries: str | Path | None = None, fusion: str = "rrf",
+           query_cut: int = 10, n_knn: int | None = None, bmp_alpha: float = 1.0, bmp_beta: float = 1.0,
+           ef_search: int = 0, early_exit_threshold: float | None = None, dense_queries: str | Path | None = None, fusion: str = "rrf",
            rrf_k: int = 60, sparse_weight: float = 0.5, dense_weight: float = 0.5,
            milvus_drop_ratio_search: float = 0.0, token: str = "", timeout: float = 30.0,
            exclude_self: bool = False, rerank_dense: Sequence[str | Path] | None = None, rerank_k: int = 100,
@@ -50,9 +51,11 @@ def search(index_dir: str | Path, queries: str | Path, *, out: str | Path, k: in
     dense_weight; each route fetches `candidates`). query_top_n / min_weight prune sparse
     queries first (largest weights kept), for every engine. query_algorithm / query_bits: PISA;
     heap_factor / query_cut: Seismic (a block is skipped when its summary scores below heap_factor
-    x the k-th score so far: above 1 skips more, faster, less exact); bmp_alpha / bmp_beta: BMP
+    x the k-th score so far: above 1 skips more, faster, less exact; n_knn: neighbours of each
+    result from the index's k-NN graph, None: the index's default); bmp_alpha / bmp_beta: BMP
     (blocks scored while alpha x their bound beats the k-th score; the share of query terms kept);
-    ef_search: HNSW beam (Faiss, kANNolo, Milvus); milvus_drop_ratio_search:
+    ef_search: HNSW beam (Faiss, kANNolo, Milvus); early_exit_threshold: kANNolo's early exit of
+    the graph search (None: the index's); milvus_drop_ratio_search:
     fraction of each sparse query's smallest weights Milvus ignores; token: Milvus server token;
     timeout: seconds to connect to Milvus and for each Milvus call.
     exclude_self drops each query's own id (image-to-image); rerank_dense reranks the first
@@ -123,11 +126,11 @@ def search(index_dir: str | Path, queries: str | Path, *, out: str | Path, k: in
     if kind == "pisa":
         options = {"query_algorithm": query_algorithm or None, "query_bits": query_bits}
     elif kind == "seismic":
-        options = {"heap_factor": heap_factor, "query_cut": query_cut}
+        options = {"heap_factor": heap_factor, "query_cut": query_cut, "n_knn": n_knn}
     elif kind == "bmp":
         options = {"alpha": bmp_alpha, "beta": bmp_beta}
     elif kind == "kannolo":
-        options = {"ef_search": ef_search or None}
+        options = {"ef_search": ef_search or None, "early_exit_threshold": early_exit_threshold}
     elif kind == "milvus":
         options = {"token": token, "drop_ratio_search": milvus_drop_ratio_search, "ef_search": ef_search,
                    "timeout": timeout}

@@ -12,28 +12,12 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
 import typer
 
 from ..backbones.options import EncodeOptions
-
-TYPES = (("list", List[str]), ("bool", bool), ("int", int), ("float", float), ("str", str))
-
-
-def _param(f: dataclasses.Field) -> inspect.Parameter:
-    meta = f.metadata
-    kind = next(t for k, t in TYPES if k in str(f.type))
-    flag = meta.get("flag") or "--" + f.name.replace("_", "-")
-    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-    if kind is bool and default and "/" not in flag:   # a switch that is on by default can be turned off
-        flag = f"{flag}/--no-{flag[2:]}"
-    opt = typer.Option(default, flag, *meta.get("aliases", ()), help=meta["help"], rich_help_panel=meta.get("panel"),
-                       min=meta.get("min"), max=meta.get("max"), show_default=default is not None)
-    optional = "None" in str(f.type)
-    return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=opt,
-                             annotation=Optional[kind] if optional else kind)
-
+from ._fields import param as _param
 
 def _build():
     base = [

@@ -53,6 +53,9 @@ def main(
                                       "blocks (faster, less exact); above 1 is allowed.", rich_help_panel=SEISMIC),
     query_cut: int = typer.Option(10, min=1, help="Query terms, largest weights first, whose posting lists are "
                                   "scanned (query_cut, terms).", rich_help_panel=SEISMIC),
+    n_knn: Optional[int] = typer.Option(None, "--n-knn", min=0, help="Neighbours of each result taken from the "
+                                        "index's k-NN graph and scored too (index --seismic-knn; 0 = off; default: "
+                                        "the index's --seismic-n-knn).", rich_help_panel=SEISMIC),
     bmp_alpha: float = typer.Option(1.0, "--bmp-alpha", min=0.0, max=1.0, help="Blocks are scored while alpha x "
                                     "their score bound beats the k-th score so far (a ratio in (0, 1]; 1 = exact on "
                                     "the integer weights, lower stops earlier and may return fewer than k).",
@@ -61,6 +64,9 @@ def main(
                                    "largest weights first (a ratio in (0, 1]; 1 = all).", rich_help_panel=BMP),
     ef_search: int = typer.Option(0, min=0, help="HNSW query beam width efSearch in nodes (Faiss, kANNolo, Milvus dense; "
                                   "0 = the index's setting; at least k is used).", rich_help_panel=FAISS),
+    early_exit_threshold: Optional[float] = typer.Option(None, "--early-exit-threshold", min=0.0, help="kANNolo: "
+                                                         "early termination threshold of the graph search (default: "
+                                                         "the index's).", rich_help_panel=FAISS),
     dense_queries: Optional[Path] = typer.Option(None, "--dense-queries", help="Dense HDF5 of the same queries "
                                                  "(same ids): the dense route of --mode hybrid, or the queries "
                                                  "of --mode dense.", rich_help_panel=MILVUS),
@@ -113,8 +119,8 @@ def main(
     search(index_dir, queries, out=out, k=k, threads=threads, batch_size=batch_size, tag=tag, mode=mode,
            query_top_n=query_top_n, min_weight=min_weight, force=force, first_stage=first_stage,
            candidates=candidates, query_algorithm=query_algorithm, query_bits=query_bits, heap_factor=heap_factor,
-           query_cut=query_cut, bmp_alpha=bmp_alpha, bmp_beta=bmp_beta, ef_search=ef_search,
-           dense_queries=dense_queries, fusion=fusion, rrf_k=rrf_k,
+           query_cut=query_cut, n_knn=n_knn, bmp_alpha=bmp_alpha, bmp_beta=bmp_beta, ef_search=ef_search,
+           early_exit_threshold=early_exit_threshold, dense_queries=dense_queries, fusion=fusion, rrf_k=rrf_k,
            sparse_weight=sparse_weight, dense_weight=dense_weight,
            milvus_drop_ratio_search=milvus_drop_ratio_search, token=token, timeout=timeout, exclude_self=exclude_self,
            rerank_dense=rerank_dense, rerank_k=rerank_k, head=head, allow_dense=allow_dense, progress=RichReporter())

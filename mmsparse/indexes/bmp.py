@@ -19,21 +19,21 @@ integer L1 norm); the metadata records which bound set s. Scores come back as BM
 Layout of INDEX_DIR:
   mmsparse.json   metadata (meta.py): quantisation, settings
   forward.h5      the document vectors as indexed (ids, CSR float32, vocab): maps rows to ids,
-                  serves two-stage re-scoring and the exact fallback below
+                  serves two-stage re-scoring
   bmp.index       the BMP index (InvertedIndexer.finish output)
   bmp.terms.npz   per vocabulary term: indexed (bool), largest integer weight, the 10th / 100th /
                   1,000th largest (BMP's own threshold estimates)
+  bmp.exact/      integer forward vectors, per-term block maxima and top rows (bmp_exact.py)
 
 Names inside BMP: document row i is "i"; vocabulary term j is token "j" (only terms with postings
 are given to BMP, under consecutive internal ids: BMP stores term ids as u16).
 
-One case of BMP's own code is guarded: when no block's bound exceeds the initial threshold (the
-largest k-th weight of the query's lists times the term's weight, e.g. a one-term query whose
-list's top 10 all hold the largest weight) BMP panics; such queries are recognised beforehand and
-scored exactly on forward.h5 instead (counted in `searcher.fallbacks`). BMP also never scores the
-last block of its visiting order (src/search.rs scores a block when it takes the next one): in a
-large collection that is the lowest-bound candidate block, but with a single candidate block (a tiny
-collection) BMP returns nothing, and those queries are scored exactly too.
+What BMP's own search gets wrong, and mmsparse completes (bmp_exact.py, read from src/search.rs of
+the released bmp 0.2.8): it never scores the last block of its visiting order, it panics when no
+block's bound exceeds its starting threshold, and documents scoring exactly that threshold never
+enter its heap. search_one computes the query's block bounds, hands BMP only queries it cannot
+panic on, scores the last block and fills the top k from the threshold term's largest postings
+when needed: exact at alpha = beta = 1 on the integer weights, judged by the k-th score.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ import scipy.sparse as sp
 from ..atomic import atomic_path
 from ..errors import InputError
 from ..formats.sparse import to_csr
-from ._quiet import captured_fds, quiet_fds
+from ._quiet import quiet_fds
+from .bmp_exact import Completion, int_weights, save_arrays, term_blocks, term_top_rows
 from .meta import read_meta, write_meta
 from .pisa import read_ids_vocab
 from .stream import FORWARD, ForwardVectors, SparseSource, stream_meta, write_forward
@@ -115,13 +116,17 @@ def build_bmp_index(src: str | Path, out_dir: str | Path, quant_bits: int = 8, b
         ix = bmp.InvertedIndexer(str(tmp / INDEX_FILE), block_size, compress_range)
         kept = dropped = 0
         tmax = np.zeros(len(df), dtype=np.int64)
+        fwd_ptr, fwd_terms, fwd_w = [np.zeros(1, np.int64)], [], []   # the integer forward vectors (bmp_exact)
         for s, _, m in source.chunks():
-            q = sp.csr_matrix((np.rint(m.data * scale), m.indices, m.indptr), shape=m.shape)
+            q = sp.csr_matrix((int_weights(m.data, scale), m.indices, m.indptr), shape=m.shape)
             dropped += int((q.data == 0).sum())
             q.eliminate_zeros()
             kept += q.nnz
             if q.nnz and np.asarray(q.sum(axis=1)).max() * QUERY_WEIGHT_BOUND > U16_MAX:   # _scale's bound
                 raise InputError(f"{src}: a document's integer weights sum past BMP's 16-bit scores; lower --bmp-bits")
+            fwd_ptr.append(fwd_ptr[-1][-1] + q.indptr[1:].astype(np.int64))
+            fwd_terms.append(internal[q.indices].astype(np.uint16))
+            fwd_w.append(q.data.astype(np.uint8))
             terms, w = internal[q.indices].tolist(), q.data.astype(np.int64).tolist()
             for i in range(q.shape[0]):
                 a, b = q.indptr[i], q.indptr[i + 1]
@@ -137,17 +142,29 @@ def build_bmp_index(src: str | Path, out_dir: str | Path, quant_bits: int = 8, b
             raise InputError(f"{src}: every weight rounds to 0 at the scale BMP's 16-bit scores allow ({scale:.3g}): "
                              "its documents hold too many terms for BMP; use PISA or Seismic")
         kth = np.zeros((len(df), 3), dtype=np.int64)
+        bm_blocks, bm_max, tops = [], [], []
         for j in np.flatnonzero(df > 0):   # in internal id order: BMP numbers terms as they are added
             # (a term whose weights all round to 0 keeps its internal id, with no postings)
-            docs = np.concatenate([d for d, _ in postings[j]] or [np.zeros(0, np.int32)])
+            docs = np.concatenate([d for d, _ in postings[j]] or [np.zeros(0, np.int32)]).astype(np.int64)
             ws = np.concatenate([w for _, w in postings[j]] or [np.zeros(0, np.uint8)]).astype(np.int64)
             postings[j] = None
-            top = np.sort(ws)[::-1]
+            top = -np.sort(-ws)
             kth[j] = [top[r] if len(top) > r else 0 for r in (9, 99, 999)]
+            b, mx = term_blocks(docs, ws, block_size)
+            bm_blocks.append(b)
+            bm_max.append(mx)
+            tops.append(term_top_rows(docs, ws))
             ix.add_term(str(j), list(zip(docs.tolist(), ws.tolist())))
         with quiet_fds():   # BMP draws a progress bar on stderr
             ix.finish()
         np.savez(tmp / TERMS_FILE, indexed=tmax > 0, max=tmax, kth=kth)
+
+        def ptr(parts):
+            return np.r_[0, np.cumsum([len(x) for x in parts])].astype(np.int64)
+        save_arrays(tmp, {"internal": internal.astype(np.int32), "fwd_ptr": np.concatenate(fwd_ptr),
+                          "fwd_terms": np.concatenate(fwd_terms), "fwd_w": np.concatenate(fwd_w),
+                          "bm_ptr": ptr(bm_blocks), "bm_blocks": np.concatenate(bm_blocks),
+                          "bm_max": np.concatenate(bm_max), "top_ptr": ptr(tops), "top_rows": np.concatenate(tops)})
         write_forward(source, tmp / FORWARD)
         meta = stream_meta(
             "bmp", src, source, "bmp", {"block_size": block_size, "compress_range": compress_range,
@@ -195,26 +212,16 @@ class BmpSearcher(ForwardVectors):
         self._tokens = [str(j) for j in range(len(self.vocab))]
         self.scale = float(self.meta["quantization"]["scale"])
         self.threads, self.alpha, self.beta = threads, alpha, beta
-        self.fallbacks = 0
-
-    def _panics(self, idx: np.ndarray, qint: np.ndarray, k: int) -> bool:
-        """Whether BMP might find no block above its initial threshold (module docstring). BMP keeps
-        the ceil(n x beta) largest query weights, ties in any order: a term is surely kept when its
-        weight beats the cut-off, possibly kept when it equals it. Safe only if a surely kept term's
-        largest weight x its query weight beats max(k-th weight x weight) over the possibly kept."""
-        n_keep = int(np.ceil(len(qint) * self.beta))
-        cut = np.sort(qint)[::-1][n_keep - 1]
-        sure, maybe = qint > cut, qint >= cut
-        if n_keep == len(qint):
-            sure = maybe
-        col = int(k > 10) + int(k > 100) + int(k > 1000)
-        kth = self._kth[idx, col] if col < 3 else np.zeros(len(idx), dtype=np.int64)
-        top = (self._max[idx] * qint)[sure]
-        return not len(top) or bool(top.max() <= (kth * qint)[maybe].max())
+        self.exact = Completion(self.dir, int(self.meta["settings"]["block_size"]), self._kth)
+        self.fallbacks = self.completions = 0
 
     def search_one(self, indices: np.ndarray, weights: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-k of one query (term ids [n] int, weights [n] float32): (doc rows int64, scores
-        float64 ~ <q, d>) by decreasing score; terms without postings are ignored."""
+        float64 ~ <q, d>) by decreasing score, ties by increasing row; terms without postings are
+        ignored. At alpha = beta = 1 the k-th score is brute-force integer scoring's (bmp_exact.py:
+        the block bounds, BMP's call, the last block and the fill, all timed as one call).
+        Counters: `fallbacks`, queries BMP would panic on (answered by the fill, BMP not called);
+        `completions`, queries whose answer the last block or the fill changed or could have."""
         indices, weights = np.asarray(indices), np.asarray(weights, dtype=np.float32)
         keep = (weights > 0) & self._indexed[indices]
         idx, w = indices[keep], weights[keep]
@@ -224,64 +231,23 @@ class BmpSearcher(ForwardVectors):
         # integer query weights rint(w x 32 / max w) handed over as they are: the largest is 32, so
         # BMP's own ceil(w x 32 / max) keeps them (its ceil would lift every small weight to 1/32 of
         # the largest, inflating scores of long expanded queries); terms rounding to 0 are dropped
-        q = np.rint(w * (MAX_QUERY_WEIGHT / top))
-        live = q > 0
-        idx, w, q = idx[live], w[live], q[live]
-        if self._panics(idx, q.astype(np.int64), k):
+        q = np.rint(w * (MAX_QUERY_WEIGHT / top)).astype(np.int64)
+        idx, q = self.exact.keep_beta(idx[q > 0], q[q > 0], self.beta)
+        thr0, term = self.exact.threshold(idx, q, k)
+        ub = self.exact.bounds(idx, q)
+        last = self.exact.last_block(ub, thr0)
+        if last < 0:   # no block above thr0: BMP's search would panic (src/search.rs unwrap)
             self.fallbacks += 1
-            return self._exact(idx, w, k)
-        docs, scores = self.index.search(dict(zip([self._tokens[j] for j in idx.tolist()], q.tolist())),
-                                         k, self.alpha, self.beta)
-        if not docs:   # BMP never scores the last block it visits: with one candidate block, nothing
-            self.fallbacks += 1
-            return self._exact(idx, w, k)
-        return (np.fromiter(map(int, docs), dtype=np.int64, count=len(docs)),
-                np.asarray(scores, dtype=np.float64) / (self.scale * MAX_QUERY_WEIGHT / top))
-
-    def engine_mean_ms(self, queries: sp.csr_matrix, k: int) -> tuple[float | None, int]:
-        """(mean ms per query by BMP's own timer, queries timed) of BMP's batch call over `queries`
-        (CSR [nq, |V|]; the same integer weights as search_one, as repeated tokens). The batch call
-        allocates its 65,537 score buckets once, where each single-query call allocates them anew
-        (~0.4 ms a call here): this is the engine's own per-query time. Queries search_one would
-        score exactly instead (and empty ones) are left out; None when none is left."""
-        import os
-        import re
-        import tempfile
-
-        import bmp
-
-        q = to_csr(queries)
-        lines = []
-        for i in range(q.shape[0]):
-            a, b = q.indptr[i], q.indptr[i + 1]
-            idx, w = q.indices[a:b], q.data[a:b]
-            keep = (w > 0) & self._indexed[idx]
-            idx, w = idx[keep], w[keep]
-            if not len(idx):
-                continue
-            qi = np.rint(w * (MAX_QUERY_WEIGHT / float(w.max()))).astype(np.int64)
-            idx, qi = idx[qi > 0], qi[qi > 0]
-            if self._panics(idx, qi, k):
-                continue
-            lines.append(f"{i}: " + " ".join(t for j, n in zip(idx.tolist(), qi.tolist())
-                                             for t in [self._tokens[j]] * n))
-        if not lines:
-            return None, 0
-        fd, path = tempfile.mkstemp(suffix=".bmpq")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write("\n".join(lines) + "\n")
-            with captured_fds() as log:
-                bmp.search(str(self.dir / INDEX_FILE), path, k, self.alpha, self.beta)
-        finally:
-            os.unlink(path)
-        m = re.search(r"search_elapsed = (\d+)", log[0])
-        return (round(int(m.group(1)) / 1000, 4) if m else None), len(lines)
-
-    def _exact(self, idx: np.ndarray, w: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        from .rescore import rescore_one
-
-        return rescore_one(idx, w, self.forward, np.arange(self.forward.shape[0]), k)
+            rows, scores = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        else:
+            docs, sc = self.index.search(dict(zip([self._tokens[j] for j in idx.tolist()],
+                                                  q.astype(np.float32).tolist())), k, self.alpha, 1.0)
+            rows = np.fromiter(map(int, docs), dtype=np.int64, count=len(docs))
+            scores = np.asarray(sc, dtype=np.float64).astype(np.int64)
+        rows, scores, steps = self.exact.complete(rows, scores, idx, q, k, self.alpha, thr0, term, last,
+                                                  int(ub[last]) if last >= 0 else 0)
+        self.completions += bool(steps)
+        return rows, scores / (self.scale * MAX_QUERY_WEIGHT / top)
 
     def search(self, queries: sp.csr_matrix, k: int) -> list[list[tuple[int, float]]]:
         """Top-k of each query row (CSR [nq, |V|] float32 >= 0): nq lists of (doc row, score);

@@ -44,12 +44,14 @@ def _classes(index_type: str):
 
 def build_kannolo_index(src: str | Path, out_dir: str | Path, index_type: str = "hnsw", m: int = 32,
                         ef_construction: int = 200, ef_search: int = 128, threads: int = 1,
-                        progress: Callable[[int], None] | None = None) -> dict:
+                        progress: Callable[[int], None] | None = None,
+                        early_exit_threshold: float | None = None) -> dict:
     """Build a kANNolo index of sparse HDF5 `src` into `out_dir` atomically; returns the metadata.
 
     index_type: hnsw (graph, approximate) or flat (exhaustive, exact). m: graph neighbours per node;
     ef_construction: build beam width (nodes); ef_search: the query beam width `search` uses by
-    default (nodes, recorded); all three hnsw only. threads: build threads (kANNolo's
+    default (nodes, recorded); early_exit_threshold: kANNolo's early termination of the graph search,
+    recorded as the default of `search` (None: off); all four hnsw only. threads: build threads (kANNolo's
     rayon pool; set before kANNolo's first parallel call in this process, so later builds in the
     same process keep the first value). The collection is read chunk by chunk into kANNolo's three
     arrays (term ids, weights, row offsets). Raises InputError for an empty collection or options
@@ -77,7 +79,8 @@ def build_kannolo_index(src: str | Path, out_dir: str | Path, index_type: str = 
         write_forward(source, tmp / FORWARD)
         settings = {"index_type": index_type, "index_class": cls.__name__, "threads": threads}
         if index_type == "hnsw":
-            settings.update(hnsw_m=m, ef_construction=ef_construction, ef_search=ef_search)
+            settings.update(hnsw_m=m, ef_construction=ef_construction, ef_search=ef_search,
+                            early_exit_threshold=early_exit_threshold)
         meta = stream_meta("kannolo", src, source, "kannolo", settings, t0, quantization=None,
                            term_tokens="<vocab index>")
         write_meta(tmp, meta)
@@ -88,13 +91,15 @@ class KannoloSearcher(ForwardVectors):
     """Top-k inner-product search over a kANNolo index directory.
 
     ef_search: the graph's query beam width in nodes (hnsw; None or 0: the index's recorded
-    default; at least k is used; larger is slower and closer to exact); threads: threads of the batch call (`search`); `search_one` is one
+    default; at least k is used; larger is slower and closer to exact); early_exit_threshold:
+    kANNolo's early termination of the graph search (None: the index's recorded default); threads: threads of the batch call (`search`); `search_one` is one
     thread.
     """
 
     kind = "kannolo"
 
-    def __init__(self, index_dir: str | Path, threads: int = 1, ef_search: int | None = None):
+    def __init__(self, index_dir: str | Path, threads: int = 1, ef_search: int | None = None,
+                 early_exit_threshold: float | None = None):
         self.dir = Path(index_dir)
         self.meta = read_meta(self.dir)
         if self.meta["kind"] != "kannolo":
@@ -109,6 +114,8 @@ class KannoloSearcher(ForwardVectors):
         self.index_type = self.meta["settings"]["index_type"]
         self.index = _classes(self.index_type).load(str(path))
         self.threads, self.ef_search = threads, ef_search
+        self.early_exit = (early_exit_threshold if early_exit_threshold is not None
+                           else self.meta["settings"].get("early_exit_threshold"))
 
     def _beam(self, k: int) -> int:
         return max(self.ef_search, k)
@@ -122,7 +129,7 @@ class KannoloSearcher(ForwardVectors):
         c = np.ascontiguousarray(np.asarray(indices)[keep], dtype=np.int32)
         v = np.ascontiguousarray(np.asarray(weights)[keep], dtype=np.float32)
         if self.index_type == "hnsw":
-            dist, ids = self.index.search(c, v, k, ef_search=self._beam(k))
+            dist, ids = self.index.search(c, v, k, ef_search=self._beam(k), early_exit_threshold=self.early_exit)
         else:
             dist, ids = self.index.search(c, v, k)
         ok = (ids >= 0) & (dist > 0)
@@ -141,7 +148,8 @@ class KannoloSearcher(ForwardVectors):
         args = (np.ascontiguousarray(sub.indices, dtype=np.int32), np.ascontiguousarray(sub.data, dtype=np.float32),
                 sub.indptr.astype(np.int64), k)
         if self.index_type == "hnsw":
-            dist, ids = self.index.batch_search(*args, ef_search=self._beam(k), num_threads=self.threads)
+            dist, ids = self.index.batch_search(*args, ef_search=self._beam(k), early_exit_threshold=self.early_exit,
+                                                num_threads=self.threads)
         else:
             dist, ids = self.index.batch_search(*args, num_threads=self.threads)
         dist, ids = dist.reshape(len(live), k), ids.reshape(len(live), k)

@@ -1,7 +1,8 @@
 """The BMP job of the search benchmark: `bmp` (one build per --bmp-blocks block size, each searched
-at every --bmp-alphas x --bmp-betas, smallest k). Rows time BMP's single-query Python call like
-every engine's, and add `engine_mean_ms`: BMP's own timer over its batch call on the same queries
-(its single-query call allocates 65,537 score buckets each time, ~0.4 ms here)."""
+at every --bmp-alphas x --bmp-betas, smallest k). Rows time `BmpSearcher.search_one` per query like
+every engine's: BMP's call (which allocates its 65,537 score buckets each time) with mmsparse's block
+bounds, last-block completion and fill (indexes/bmp_exact.py); `fallbacks` counts the queries BMP
+would have panicked on, `completions` those the completion steps ran for."""
 
 from __future__ import annotations
 
@@ -40,13 +41,11 @@ def job_bmp(sc: Scale) -> dict:
                   "quant_bound": meta["quantization"]["bound"]}
         for alpha in st["bmp_alphas"]:
             for beta in st["bmp_betas"]:
-                bs.alpha, bs.beta, bs.fallbacks = alpha, beta, 0
+                bs.alpha, bs.beta, bs.fallbacks, bs.completions = alpha, beta, 0, 0
                 rows.run("bmp", f"block={block} a={alpha} b={beta}", k0, _row_fn(bs, q["main"]),
                          _warm_fn(lambda x: _row_fn(bs, x), q["main_warm"], nw), None,
                          search={"alpha": alpha, "beta": beta}, **common)
-                # BMP's own per-query mean over the same queries in its batch call (no per-call
-                # bucket allocation; indexes/bmp.py engine_mean_ms)
-                rows.rows[-1].update(fallbacks=bs.fallbacks, engine_mean_ms=bs.engine_mean_ms(q["main"], k0)[0])
+                rows.rows[-1].update(fallbacks=bs.fallbacks, completions=bs.completions)
         del bs
         gc.collect()
     return _save(sc, "bmp", rows.rows, {"indexes": metas})

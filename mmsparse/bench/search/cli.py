@@ -18,7 +18,7 @@ from .harness import Scale, collection_stamp, in_child
 from .milvus import job_milvus
 from .pisa import job_pisa, job_pisa_levers
 from .frontier import frontier_plot
-from .report import goals, machine, search_md
+from .report import engine_versions, goals, machine, search_md
 from .scales import DENSE, REAL_SCALES, scale_spec
 from .seismic import job_seismic, job_seismic_levers
 from .bmp import job_bmp
@@ -265,7 +265,7 @@ def main(argv=None) -> None:
     others = sorted(x for x in seen if x.startswith("synthetic-"))
     all_scales = [s for s in dict.fromkeys(list(REAL_SCALES) + args.scales + others) if s in seen]
     rows, infos = collect(args.out, groups, all_scales, current)
-    meta = {"machine": machine(), "last_run_started": started,
+    meta = {"machine": machine(), "engine_versions": engine_versions(), "last_run_started": started,
             "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
             "jobs": infos, "goals": goals(rows)}

@@ -413,7 +413,7 @@ def index_bytes(index_dir: Path, kind: str, with_forward: bool = False) -> int:
     """Bytes of the files a search reads: PISA compressed index + block-max data + lexicons
     (+ forward.h5 for two-stage re-scoring); Seismic its index file (it embeds the forward
     vectors, and the k-NN graph when built); BMP bmp.index (inverted lists' block maxima and the
-    block-wise forward index); kANNolo kannolo.index (vectors and graph); Faiss faiss.index."""
+    block-wise forward index) + bmp.terms.npz + bmp.exact/ (what its exact completion reads); kANNolo kannolo.index (vectors and graph); Faiss faiss.index."""
     def size(ps):
         return int(sum(p.stat().st_size for p in ps if p.is_file()))
     if kind == "pisa":
@@ -422,7 +422,9 @@ def index_bytes(index_dir: Path, kind: str, with_forward: bool = False) -> int:
         return n + (size([index_dir / "forward.h5"]) if with_forward else 0)
     if kind == "seismic":
         return size(index_dir.glob("*.index.seismic"))
-    if kind in ("bmp", "kannolo"):
+    if kind == "bmp":   # + the block maxima, integer vectors and top rows of mmsparse's completion
+        return size([index_dir / "bmp.index", index_dir / "bmp.terms.npz", *(index_dir / "bmp.exact").glob("*.npy")])
+    if kind == "kannolo":
         return size([index_dir / f"{kind}.index"])
     return size([index_dir / "faiss.index"])
 

@@ -31,6 +31,24 @@ def machine() -> dict:
             "python": platform.python_version(), "load_avg": os.getloadavg()}
 
 
+ENGINE_PACKAGES = ("pyterrier-pisa", "pyseismic-lsr", "bmp", "kannolo", "faiss-cpu", "faiss-gpu", "pymilvus",
+                   "milvus-lite", "numpy", "scipy")
+
+
+def engine_versions() -> dict:
+    """{package: installed version} of every search engine the benchmark times (absent ones left
+    out), for search.meta.json: a measurement names the engine builds it measured."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for p in ENGINE_PACKAGES:
+        try:
+            out[p] = version(p)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
 COLUMNS = ("head", "engine", "mode", "k", "queries", "p50_ms", "p99_ms", "qps_1t", "qps_2t", "R@10", "S@10",
            "overlap@10", "overlap@k", "postings_per_query", "build_s", "bytes_per_doc", "rss_mb", "build_rss_mb")
 
@@ -113,7 +131,7 @@ def endtoend_md(rows: list[dict]) -> str:
 
 EDGE_ENGINES = ("exhaustive", "pisa", "seismic", "bmp", "kannolo", "two-stage", "milvus-sparse", "faiss-flat",
                 "faiss-hnsw", "milvus-dense")
-EDGE_COLUMNS = ("head", "query_mode", "engine", "mode", "p50_ms", "p99_ms", "engine_mean_ms", "x_hnsw", "overlap@10",
+EDGE_COLUMNS = ("head", "query_mode", "engine", "mode", "p50_ms", "p99_ms", "x_hnsw", "overlap@10",
                 "R@10", "postings_per_query", "build_s", "bytes_per_doc", "rss_mb", "edge")
 
 
