@@ -17,6 +17,7 @@ from ..options import check_options, option
 INPUT, SPEED, EXTRAS, RAY = "Input", "Speed", "Extra datasets", "Ray (docs/ray.md)"
 PRECISIONS = ("fp32", "bf16", "fp16", "auto")
 MEMORY_FORMATS = ("auto", "channels-last", "contiguous")
+RUNTIMES = ("auto", "onnx", "torch")
 
 
 @dataclass
@@ -62,6 +63,13 @@ class EncodeOptions:
                             "AVX512-BF16; refused elsewhere, where it is emulated and slower than fp32); fp16 "
                             "(autocast, CUDA only); auto (bf16 where it is native, else fp32; the run says which). "
                             "Vectors are stored as --dtype either way.", choices=PRECISIONS, panel=SPEED)
+    runtime: str = option("auto", "What runs the towers: torch (PyTorch), onnx (ONNX Runtime on the CPU: mmsparse "
+                          "exports the towers once per model and caches the graphs by the model's content "
+                          "fingerprint; needs the 'onnx' extra; fp32, vectors within cosine 0.9999 of PyTorch's) "
+                          "or auto (onnx on the CPU where onnxruntime is installed and the towers export, at "
+                          "--precision fp32 or auto; torch on GPUs, under --precision bf16/fp16, for "
+                          "--final-layer-inputs and --patch-states of a --layer other than -1; docs/speed.md).",
+                          choices=RUNTIMES, panel=SPEED)
     memory_format: str = option("auto", "Layout of convolutional image towers: channels-last, contiguous, or auto "
                                 "(channels-last on CPUs with AVX-512, where it is faster; contiguous elsewhere: on "
                                 "CUDA its first batch costs seconds more and decoding bounds the stage anyway). "
