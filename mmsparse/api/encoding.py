@@ -103,7 +103,8 @@ def encode_dense(annotations: str | Path, image_root: str | Path | None = None, 
     source = str(Path(annotations).resolve()) if Path(annotations).exists() else str(annotations)
     if opts.ray is not None:  # a Ray Data pipeline writing sharded outputs (mmsparse/distributed.py)
         if opts.runtime == "onnx":
-            raise InputError("--runtime onnx: --ray runs the towers in PyTorch; use --runtime torch (or auto) with --ray")
+            raise InputError("--runtime onnx: --ray runs the towers in PyTorch; use --runtime torch (or auto) with "
+                             "--ray")
         from ..distributed import encode_splits
 
         return encode_splits(todo, out=out, opts=dataclasses.replace(opts, model=model_path), name=name,

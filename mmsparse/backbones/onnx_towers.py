@@ -154,7 +154,8 @@ def _check(backbone, out: Path, image, text, names) -> None:
         if not cos >= MIN_COSINE:
             for f in out.glob("*.onnx"):
                 f.unlink(missing_ok=True)
-            raise OnnxUnavailable(f"the exported {tower} tower disagrees with PyTorch (cosine {cos:.6f} < {MIN_COSINE})")
+            raise OnnxUnavailable(f"the exported {tower} tower disagrees with PyTorch (cosine {cos:.6f} < "
+                                  f"{MIN_COSINE})")
 
 
 def session(path: Path, threads: int):
