@@ -101,17 +101,18 @@ class Backbone(ABC):
     def set_memory_format(self, memory_format: str = "auto") -> str:
         """Lay out a convolutional image tower (more than one Conv2d) and its input batches
         channels-last or contiguous. memory_format: channels-last, contiguous, or auto (channels-last
-        on CPUs with AVX-512, where oneDNN's channels-last convolutions are faster; contiguous
-        elsewhere: on AVX2 it gains nothing, and on CUDA its faster batches (22 vs 29 ms per 256
-        images on an H200) never show, decoding bounds the stage, while its first batch costs
-        2-4 s more of kernel set-up: docs/speed.md). Returns the layout used ("contiguous" for a
+        on the CPU, contiguous elsewhere). Why: on the CPU oneDNN's channels-last convolutions were
+        faster on every CPU measured, AVX2 and AVX-512 alike (EfficientNet-Lite0, batch 32-64, 2
+        threads: 37.7 vs 33.3 images/s on a 2-core AVX2 AMD EPYC, 21.0 vs 13.8 on a 2-core AMX Intel
+        Xeon; docs/speed.md), so auto no longer keeps contiguous on AVX2; on CUDA its faster batches
+        (22 vs 29 ms per 256 images on an H200) never show, decoding bounds the stage, while its
+        first batch costs 2-4 s more of kernel set-up. Returns the layout used ("contiguous" for a
         transformer tower, whatever was asked)."""
         import torch
 
-        from ..runtime import cpu_avx512
         tower = self.image_tower()
         convs = sum(isinstance(m, torch.nn.Conv2d) for m in tower.modules()) if tower is not None else 0
-        want = memory_format == "channels-last" or memory_format == "auto" and str(self.device) == "cpu" and cpu_avx512()
+        want = memory_format == "channels-last" or memory_format == "auto" and str(self.device) == "cpu"
         self.channels_last = bool(want and convs > 1)
         if tower is not None:
             tower.to(memory_format=torch.channels_last if self.channels_last else torch.contiguous_format)

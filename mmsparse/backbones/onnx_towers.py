@@ -23,9 +23,11 @@ or a model that does not export or whose graph disagrees with PyTorch.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import sys
 import warnings
 from pathlib import Path
 
@@ -101,6 +103,22 @@ def _sample_inputs(backbone, rows: int, seed: int):
     return backbone.preprocess_images(ims).to(torch.float32), backbone.tokenize(texts)
 
 
+@contextlib.contextmanager
+def _quiet_stdout():
+    """File descriptor 1 to /dev/null inside the block: the TorchScript exporter's C++ log prints the
+    whole graph there when an export fails (torch 2.13 turns that log on whatever it is told)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def export(backbone, out: Path) -> None:
     """Export both towers of `backbone` (an HFDualEncoder) into `out`/{image,text}.onnx + meta.json,
     each checked against PyTorch (module docstring). OnnxUnavailable on any failure."""
@@ -112,7 +130,7 @@ def export(backbone, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     outs = ["vectors", "pooled", "hidden"]
     try:
-        with warnings.catch_warnings(), torch.no_grad():
+        with warnings.catch_warnings(), torch.no_grad(), _quiet_stdout():
             warnings.simplefilter("ignore")
             tmp = out / f"image.onnx.tmp{os.getpid()}"
             torch.onnx.export(image, (pv,), str(tmp), input_names=["pixel_values"], output_names=outs,

@@ -70,11 +70,11 @@ class EncodeOptions:
                           "--precision fp32 or auto; torch on GPUs, under --precision bf16/fp16, for "
                           "--final-layer-inputs and --patch-states of a --layer other than -1; docs/speed.md).",
                           choices=RUNTIMES, panel=SPEED)
-    memory_format: str = option("auto", "Layout of convolutional image towers: channels-last, contiguous, or auto "
-                                "(channels-last on CPUs with AVX-512, where it is faster; contiguous elsewhere: on "
-                                "CUDA its first batch costs seconds more and decoding bounds the stage anyway). "
-                                "Transformer towers are unaffected.", choices=MEMORY_FORMATS,
-                                panel=SPEED)
+    memory_format: str = option("auto", "Layout of convolutional image towers in PyTorch: channels-last, contiguous, "
+                                "or auto (channels-last on the CPU, faster on the AVX2 and AVX-512 CPUs measured; "
+                                "contiguous on CUDA, where its first batch costs seconds more and decoding bounds "
+                                "the stage anyway). Transformer towers and --runtime onnx are unaffected.",
+                                choices=MEMORY_FORMATS, panel=SPEED)
     dtype: str = option("float32", "Storage dtype of the vectors: float32 or float16.",
                         choices=("float32", "float16"))
     pre_projection: bool = option(False, "Also store pooled states before the projection (dataset pre_projection "
