@@ -16,7 +16,8 @@ so it is never served a stale graph. Files appear atomically (a second process e
 same time replaces them with the same bytes).
 
 Sessions use the CPUExecutionProvider with intra-op threads = torch's thread setting when they
-are created (lazily, per tower, on first use). Raises OnnxUnavailable (an InputError) where the
+are created (lazily, per tower, on first use), without spin-waiting (the cores are shared with the
+process decoding the next batch). Raises OnnxUnavailable (an InputError) where the
 runtime cannot run: onnxruntime not installed, no fingerprint (a hub model outside the local cache),
 or a model that does not export or whose graph disagrees with PyTorch.
 """
@@ -183,6 +184,9 @@ def session(path: Path, threads: int):
     so.intra_op_num_threads = max(1, int(threads))
     so.inter_op_num_threads = 1
     so.log_severity_level = 3
+    # no spin-waiting between operators: on a 2-core machine the spinning threads would take the CPU
+    # time the DataLoader worker decoding the next batch needs
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
