@@ -130,7 +130,8 @@ def encode_dense(annotations: str | Path, image_root: str | Path | None = None, 
             for modality in ("image", "text"):
                 bb.final_layer_spec(modality)
         rep.log(f"loaded {opts.backbone} {bb.model} on {bb.device} (d={bb.dim}) in {time.perf_counter() - t0:.1f} s; "
-                f"{runtime}, {precision}, {threads} thread(s)" + (f", {layout} images" if runtime == "torch" else ""))
+                f"{precision}, {threads} thread(s), " + ("ONNX Runtime" if runtime == "onnx" else
+                                                          f"PyTorch, {layout} images"))
         out.mkdir(parents=True, exist_ok=True)
         for s, sd in todo.items():
             _encode_split(bb, sd, out, s, {"dataset": opts.dataset or name, "split": s, "source": source}, opts, rep)
