@@ -111,6 +111,8 @@ def encode_dense(annotations: str | Path, image_root: str | Path | None = None, 
                              source=source, progress=rep)
     dev = resolve_device(opts.device)
     runtime = _runtime_wanted(opts, rep)
+    if runtime == "torch":
+        resolve_precision(opts.precision, dev)   # a precision that cannot run here fails before the model loads
     threads = opts.threads or default_threads()
     t0 = time.perf_counter()
     with torch_threads(threads):
