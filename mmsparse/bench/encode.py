@@ -169,7 +169,8 @@ def main(argv=None) -> None:
     p.add_argument("--captions", type=int, default=4096, help="captions per row (default 4096)")
     p.add_argument("--batch-size", type=int, default=64, help="encode-dense --batch-size (default 64)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    p.add_argument("--rows", default="all", help="row names separated by ';' (or ',' when no name holds one; default all: " + "; ".join(ROWS) + ")")
+    p.add_argument("--rows", default="all", help="row names separated by ';' (or ',' when no name holds "
+                   "one; default all: " + "; ".join(ROWS) + ")")
     args = p.parse_args(argv)
     from ..runtime import cpu_bf16, cpu_name, available_cores
 
