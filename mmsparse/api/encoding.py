@@ -102,29 +102,60 @@ def encode_dense(annotations: str | Path, image_root: str | Path | None = None, 
     provenance.add_inputs([(model_path, "model")])
     source = str(Path(annotations).resolve()) if Path(annotations).exists() else str(annotations)
     if opts.ray is not None:  # a Ray Data pipeline writing sharded outputs (mmsparse/distributed.py)
+        if opts.runtime == "onnx":
+            raise InputError("--runtime onnx: --ray runs the towers in PyTorch; use --runtime torch (or auto) with "
+                             "--ray")
         from ..distributed import encode_splits
 
         return encode_splits(todo, out=out, opts=dataclasses.replace(opts, model=model_path), name=name,
                              source=source, progress=rep)
     dev = resolve_device(opts.device)
-    precision = resolve_precision(opts.precision, dev)
-    if opts.precision == "auto":
-        why = f"native bf16 ({cpu_bf16() or 'CUDA'})" if precision == "bf16" else "no native bf16 here"
-        rep.log(f"--precision auto: {precision} ({why})")
+    runtime = _runtime_wanted(opts, rep)
+    if runtime == "torch":
+        resolve_precision(opts.precision, dev)   # a precision that cannot run here fails before the model loads
     threads = opts.threads or default_threads()
     t0 = time.perf_counter()
     with torch_threads(threads):
         bb = load_backbone(opts.backbone, model_path, dev)
-        layout = bb.set_memory_format(opts.memory_format)
+        runtime = bb.set_runtime(runtime, threads, rep.log)
+        if runtime == "onnx":
+            precision = "fp32"
+            if opts.precision == "auto":
+                rep.log("--precision auto: fp32 (ONNX Runtime runs the towers in fp32, faster here than PyTorch bf16)")
+        else:
+            precision = resolve_precision(opts.precision, dev)
+            if opts.precision == "auto":
+                why = f"native bf16 ({cpu_bf16() or 'CUDA'})" if precision == "bf16" else "no native bf16 here"
+                rep.log(f"--precision auto: {precision} ({why})")
+        layout = bb.set_memory_format(opts.memory_format) if runtime == "torch" else "onnx"
         if opts.final_layer_inputs:   # both towers' final layers known before any file is written
             for modality in ("image", "text"):
                 bb.final_layer_spec(modality)
         rep.log(f"loaded {opts.backbone} {bb.model} on {bb.device} (d={bb.dim}) in {time.perf_counter() - t0:.1f} s; "
-                f"{precision}, {threads} thread(s), {layout} images")
+                f"{precision}, {threads} thread(s), " + ("ONNX Runtime" if runtime == "onnx" else
+                                                          f"PyTorch, {layout} images"))
         out.mkdir(parents=True, exist_ok=True)
         for s, sd in todo.items():
             _encode_split(bb, sd, out, s, {"dataset": opts.dataset or name, "split": s, "source": source}, opts, rep)
     return out
+
+
+def _runtime_wanted(opts, rep) -> str:
+    """The runtime to ask the backbone for (Backbone.set_runtime): opts.runtime, except that what ONNX
+    Runtime does not run (bf16/fp16 autocast, final-layer inputs, patch states of a --layer other than
+    -1) makes auto torch (saying why) and is refused with --runtime onnx (InputError, one line)."""
+    if opts.runtime == "torch":
+        return "torch"
+    why = (f"--precision {opts.precision}" if opts.precision in ("bf16", "fp16") else
+           "--final-layer-inputs" if opts.final_layer_inputs else
+           f"--patch-states --layer {opts.layer}" if opts.patch_states and opts.layer != -1 else None)
+    if why is None:
+        return opts.runtime
+    if opts.runtime == "onnx":
+        raise InputError(f"--runtime onnx: {why} needs the PyTorch towers (ONNX Runtime runs them in fp32 and gives "
+                         f"vectors, pooled and last states only); use --runtime torch, or drop {why.split()[0]}")
+    rep.log(f"--runtime auto: torch ({why} needs the PyTorch towers)")
+    return "torch"
 
 
 def _encode_split(bb, sd, out: Path, s: str, base: dict, opts, rep) -> None:

@@ -220,7 +220,10 @@ class QueryEncoder:
     threading.RLock to share with them. threads: torch CPU threads while encoding (None: torch's
     setting; 1 keeps a busy machine responsive). Vectors are reproducible for the same texts,
     batch_size and threads; the last float bits change with the batch (its padding) and the
-    thread count, which can move a quantised query weight by one step.
+    thread count, which can move a quantised query weight by one step. runtime: what runs the towers,
+    torch | onnx | auto (Backbone.set_runtime: ONNX Runtime on the CPU where it exports, as
+    encode-dense --runtime; vectors within cosine 0.9999 of PyTorch's); log: str -> None, told about
+    an ONNX export and about auto falling back to torch.
     `QueryEncoder.for_index(INDEX)` reads all of this from an index's provenance (resolve_origin),
     and gives a TableQueryEncoder (no model) for an inference-free head's index.
     Attributes: head (SparseHead or None), vocab (list or None), backbone (a Backbone),
@@ -231,7 +234,7 @@ class QueryEncoder:
     def __init__(self, head=None, backbone: str = "hf-dual", model: str | Path | None = None, *,
                  device: str = "cpu", query_mode: str | None = None, force: bool = False,
                  encode: dict | None = None, backbones: dict | None = None, lock=None,
-                 threads: int | None = None):
+                 threads: int | None = None, runtime: str = "auto", log=None):
         from .. import settings
         from ..backbones import load_backbone
         from ..methods.head import SparseHead, load_head
@@ -245,11 +248,13 @@ class QueryEncoder:
         self.vocab = list(self.head.vocab) if self.head is not None else None
         self._col = {t: i for i, t in enumerate(self.vocab or [])}
         model = str(model) if model is not None else str(settings.dual_encoder_dir())
-        key = (backbone, model, device, self.settings.get("max_length"))
+        key = (backbone, model, device, self.settings.get("max_length"), runtime)
         cache = backbones if backbones is not None else {}
         if key not in cache:
             kw = {"max_length": self.settings["max_length"]} if "max_length" in self.settings else {}
-            cache[key] = load_backbone(backbone, model, device, **kw)
+            with torch_threads(threads):
+                cache[key] = load_backbone(backbone, model, device, **kw)
+                cache[key].set_runtime(runtime, threads, log)
         self.backbone = cache[key]
         self.backbone_name, self.model = backbone, model
         self.load_seconds = time.perf_counter() - t0
@@ -498,8 +503,9 @@ class QueryEngine:
 
     index: an index directory (PISA, Seismic, Faiss or Milvus). head / backbone / model override
     the provenance (resolve_origin); device, query_mode, force, backbones, lock: QueryEncoder;
-    encode_threads: its `threads`. threads: search threads. An inference-free head's index loads
-    no model: its encoder is a TableQueryEncoder (encoder_for).
+    encode_threads: its `threads`; runtime: its runtime (torch | onnx | auto). threads: search
+    threads. An inference-free head's index loads no model: its encoder is a TableQueryEncoder
+    (encoder_for).
     Attributes: origin (Origin), kind, route (sparse | dense), encoder (QueryEncoder or
     TableQueryEncoder), head and vocab (the encoder's; None for a dense index; head also None
     for a table), backbone (None for a table), method (the head's), load_seconds (loading
@@ -509,7 +515,7 @@ class QueryEngine:
     def __init__(self, index: str | Path, *, head: str | Path | None = None, backbone: str | None = None,
                  model: str | Path | None = None, device: str = "cpu", query_mode: str | None = None,
                  force: bool = False, threads: int = 1, encode_threads: int | None = None,
-                 backbones: dict | None = None, lock=None, progress: Reporter | None = None):
+                 backbones: dict | None = None, lock=None, progress: Reporter | None = None, runtime: str = "auto"):
         from ..indexes import open_index
 
         t0 = time.perf_counter()
@@ -517,8 +523,9 @@ class QueryEngine:
         self.index_dir = Path(index)
         self.origin = o = resolve_origin(index, head, backbone, model)
         self.kind, self.route = o.index_meta["kind"], o.route
+        kw = {} if o.route == "sparse" and o.method == TABLE_METHOD else {"runtime": runtime, "log": rep.log}
         self.encoder = encoder_for(o, device=device, query_mode=query_mode, force=force, backbones=backbones,
-                                   lock=lock, threads=encode_threads)
+                                   lock=lock, threads=encode_threads, **kw)
         self._lock = self.encoder.lock
         self.head, self.vocab, self.backbone = self.encoder.head, self.encoder.vocab, self.encoder.backbone
         self.method = self.encoder.method
@@ -657,7 +664,7 @@ def query(index: str | Path, queries: Sequence[str] = (), *, out: str | Path | N
           image: Sequence[str | Path] = (), head: str | Path | None = None, backbone: str | None = None,
           model: str | Path | None = None, query_mode: str | None = None, device: str = "cpu",
           force: bool = False, exclude: Sequence[str] = (), add: Sequence[str] = (), batch_size: int = 64,
-          threads: int | None = None, progress: Reporter | None = None) -> list[dict]:
+          threads: int | None = None, runtime: str = "auto", progress: Reporter | None = None) -> list[dict]:
     """Search INDEX with free-text `queries` (or the image files `image`), encoded with the
     backbone and head the index was built from (module docstring; `head`, `backbone`, `model`
     override); returns one dict per query (QueryEngine.run): the top `k` results with rank, id,
@@ -665,7 +672,8 @@ def query(index: str | Path, queries: Sequence[str] = (), *, out: str | Path | N
     `exclude` / `add` edit every sparse query's terms before searching. `out`: also write the
     list as JSON (atomically). batch_size: texts per forward pass (64, as encode-dense: a file of
     captions ranks exactly as encode-dense + sparsify + search of the same file); threads: torch
-    CPU threads while encoding (None: torch's). Loads the model once per call
+    CPU threads while encoding (None: torch's); runtime: what runs the towers (torch | onnx | auto,
+    as encode-dense --runtime). Loads the model once per call
     (QueryEngine.load_seconds).
     Raises InputError for bad input (no queries, both texts and images, an empty text, a head
     or index that cannot be found, a head that does not take the query's modality)."""
@@ -689,7 +697,7 @@ def query(index: str | Path, queries: Sequence[str] = (), *, out: str | Path | N
         if o.route == "sparse" and o.method == TABLE_METHOD:
             raise InputError(NO_IMAGES)
     with QueryEngine(index, head=head, backbone=backbone, model=model, device=device, query_mode=query_mode,
-                     force=force, encode_threads=threads, progress=progress) as engine:
+                     force=force, encode_threads=threads, progress=progress, runtime=runtime) as engine:
         rep = reporter(progress)
         t0 = time.perf_counter()
         res = engine.run(texts or None, images or None, k=k, exclude=exclude, add=add, batch_size=batch_size)

@@ -91,6 +91,8 @@ class Backbone(ABC):
     # DataLoader workers; set by subclasses from the model's saved image processor
     image_preprocessor: Callable | None = None
     channels_last: bool = False   # image batches enter the tower channels-last (set_memory_format)
+    onnx = None                   # onnx_towers.OnnxTowers when the towers run in ONNX Runtime (set_runtime)
+    ONNX_EXTRAS = ("pre_projection", "token_states", "patch_states")   # extras the ONNX graphs give too
 
     def image_tower(self):
         """The image tower's torch module, for set_memory_format; None where there is none to lay out."""
@@ -99,21 +101,64 @@ class Backbone(ABC):
     def set_memory_format(self, memory_format: str = "auto") -> str:
         """Lay out a convolutional image tower (more than one Conv2d) and its input batches
         channels-last or contiguous. memory_format: channels-last, contiguous, or auto (channels-last
-        on CPUs with AVX-512, where oneDNN's channels-last convolutions are faster; contiguous
-        elsewhere: on AVX2 it gains nothing, and on CUDA its faster batches (22 vs 29 ms per 256
-        images on an H200) never show, decoding bounds the stage, while its first batch costs
-        2-4 s more of kernel set-up: docs/speed.md). Returns the layout used ("contiguous" for a
+        on the CPU, contiguous elsewhere). Why: on the CPU oneDNN's channels-last convolutions were
+        faster on every CPU measured, AVX2 and AVX-512 alike (EfficientNet-Lite0, batch 32-64, 2
+        threads: 37.7 vs 33.3 images/s on a 2-core AVX2 AMD EPYC, 21.0 vs 13.8 on a 2-core AMX Intel
+        Xeon; docs/speed.md), so auto no longer keeps contiguous on AVX2; on CUDA its faster batches
+        (22 vs 29 ms per 256 images on an H200) never show, decoding bounds the stage, while its
+        first batch costs 2-4 s more of kernel set-up. Returns the layout used ("contiguous" for a
         transformer tower, whatever was asked)."""
         import torch
 
-        from ..runtime import cpu_avx512
         tower = self.image_tower()
         convs = sum(isinstance(m, torch.nn.Conv2d) for m in tower.modules()) if tower is not None else 0
-        want = memory_format == "channels-last" or memory_format == "auto" and str(self.device) == "cpu" and cpu_avx512()
+        want = memory_format == "channels-last" or memory_format == "auto" and str(self.device) == "cpu"
         self.channels_last = bool(want and convs > 1)
         if tower is not None:
             tower.to(memory_format=torch.channels_last if self.channels_last else torch.contiguous_format)
         return "channels-last" if self.channels_last else "contiguous"
+
+    def onnx_towers(self, threads: int, log=None):
+        """onnx_towers.OnnxTowers of this backbone's towers; OnnxUnavailable here (a backbone without
+        an ONNX export: BLIP, ALBEF)."""
+        from .onnx_towers import OnnxUnavailable
+        raise OnnxUnavailable(f"the {self.name} backbone has no ONNX export")
+
+    def set_runtime(self, runtime: str = "torch", threads: int | None = None, log=None) -> str:
+        """Run the towers in PyTorch or in ONNX Runtime (backbones/onnx_towers.py). runtime: torch, onnx
+        or auto (onnx on the CPU where onnxruntime is installed and the towers export, torch elsewhere:
+        docs/speed.md measures it faster than PyTorch fp32 and bf16 on AVX2 and AMX CPUs). threads: ONNX
+        Runtime's intra-op threads (None: torch's setting now). log: str -> None, told about an export
+        and about auto falling back to torch. Returns the runtime used ("onnx" | "torch").
+        InputError (one line, naming the model and the fix --runtime torch) when onnx cannot run."""
+        from .onnx_towers import OnnxUnavailable
+        self.onnx = None
+        if runtime == "torch":
+            return "torch"
+        if runtime not in ("onnx", "auto"):
+            raise InputError(f"--runtime {runtime!r}: choose one of torch, onnx, auto")
+        if str(self.device) != "cpu":
+            reason = f"it runs on {self.device} and mmsparse runs ONNX Runtime on the CPU only"
+        else:
+            import torch
+            try:
+                self.onnx = self.onnx_towers(int(threads or torch.get_num_threads()), log)
+                return "onnx"
+            except OnnxUnavailable as e:
+                reason = str(e)
+        if runtime == "onnx":
+            raise InputError(f"--runtime onnx: {self.model} ({self.name}) cannot run in ONNX Runtime: {reason}; "
+                             f"use --runtime torch")
+        if log:
+            log(f"--runtime auto: torch ({reason})")
+        return "torch"
+
+    def runs_onnx(self, extras=(), layer: int = -1) -> bool:
+        """Whether a batch asking for `extras` (patch states of hidden layer `layer`) runs in ONNX Runtime:
+        set_runtime chose it and the graphs give those extras (not final_input, nor patch states of a
+        layer other than the last); otherwise the batch runs in PyTorch."""
+        return self.onnx is not None and set(extras) <= set(self.ONNX_EXTRAS) and (
+            "patch_states" not in extras or layer == -1)
 
     # -- images ---------------------------------------------------------------------------
     def preprocess_images(self, images: list) -> "torch.Tensor":  # noqa: F821

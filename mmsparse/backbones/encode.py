@@ -351,8 +351,11 @@ def _run_shards(kind, backbone, records, out, attrs, opts: EncodeOptions, precis
                 "shard_rows": shard_rows, "dtype": opts.dtype, "attrs": {k: str(v) for k, v in sorted(attrs.items())}}
     if precision != "fp32":  # fp32 files keep the fingerprint they had before --precision existed
         settings["precision"] = precision
-    if kind == "images" and backbone.channels_last:  # likewise contiguous files before --memory-format
+    onnx = backbone.runs_onnx(extras, layer)
+    if kind == "images" and backbone.channels_last and not onnx:  # likewise contiguous files before --memory-format
         settings["memory_format"] = "channels-last"
+    if onnx:  # and PyTorch files before --runtime
+        settings["runtime"] = "onnx"
     fp = _fingerprint(kind, backbone, records, settings)
     fp_text = json.dumps(fp, sort_keys=True)
     if not opts.force:
@@ -395,9 +398,22 @@ def _run_shards(kind, backbone, records, out, attrs, opts: EncodeOptions, precis
                                       sort_keys=True)
     if precision != "fp32":
         a["precision"] = precision
+    if onnx:
+        a["runtime"] = "onnx"
     n, skipped = _merge(out, partial, n_shards, backbone.dim, a, kind == "captions", opts.dtype, proj)
     shutil.rmtree(partial, ignore_errors=True)
     return EncodeResult(out, n, encoded, seconds, skipped)
+
+
+def _precision(backbone: Backbone, opts: EncodeOptions, extras, layer: int = -1) -> str:
+    """The precision the towers compute in: fp32 where they run in ONNX Runtime (Backbone.runs_onnx; --precision
+    auto or fp32, InputError for bf16/fp16), else runtime.resolve_precision."""
+    if not backbone.runs_onnx(extras, layer):
+        return resolve_precision(opts.precision, backbone.device)
+    if opts.precision in ("bf16", "fp16"):
+        raise InputError(f"--precision {opts.precision}: the towers run in ONNX Runtime, in fp32; use --runtime torch "
+                         f"for {opts.precision} autocast")
+    return "fp32"
 
 
 # -- public -----------------------------------------------------------------------------------
@@ -420,9 +436,9 @@ def encode_images_file(backbone: Backbone, records: Sequence[ImageRecord], out: 
     """
     import torch
     opts = EncodeOptions.make(options, **values)
-    precision = resolve_precision(opts.precision, backbone.device)
     sd = np.dtype(opts.states_dtype)
     ex = opts.extras("images")
+    precision = _precision(backbone, opts, ex, opts.layer)
     workers = default_workers() if opts.workers is None else opts.workers
 
     records = list(records)
@@ -466,9 +482,9 @@ def encode_captions_file(backbone: Backbone, records: Sequence[CaptionRecord], o
     not checked here (the caller drops or refuses empty ones)."""
     import torch
     opts = EncodeOptions.make(options, **values)
-    precision = resolve_precision(opts.precision, backbone.device)
     sd = np.dtype(opts.states_dtype)
     ex = opts.extras("captions")
+    precision = _precision(backbone, opts, ex)
     keys = [e for e in ex if e not in ("token_states", "final_input")] + (
         ["token_states", "token_mask", "token_ids"] if "token_states" in ex else []) + (
         ["final_input", "final_mask"] if "final_input" in ex else [])

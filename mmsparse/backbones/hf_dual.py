@@ -167,9 +167,40 @@ class HFDualEncoder(Backbone):
         self.max_length = caption_tokens(cfg, max_length)
         self.normalized = True
         self._text_args = set(inspect.signature(net.text_model.forward).parameters)
+        # the tokenizer's arrays the text tower takes, in the tokenizer's order (the ONNX text graph's inputs)
+        self.text_inputs = [k for k in self.tokenize(["a"]) if k in self._text_args]
+
+    def onnx_towers(self, threads: int, log=None):
+        """Both towers exported to ONNX once per model and run by ONNX Runtime (onnx_towers.py)."""
+        from .onnx_towers import OnnxTowers
+        return OnnxTowers.load(self, threads, log)
+
+    def _onnx_pixels(self, pixel_values, extras) -> dict:
+        want = ["vectors"] + ["pooled"] * ("pre_projection" in extras) + ["hidden"] * ("patch_states" in extras)
+        got = self.onnx.image(pixel_values.cpu(), want)
+        res = {"vectors": got["vectors"].astype(np.float32)}
+        if "pre_projection" in extras:
+            res["pre_projection"] = got["pooled"]
+        if "patch_states" in extras:
+            import torch
+            res["patch_states"] = _np(patch_grid(torch.from_numpy(got["hidden"])))
+        return res
+
+    def _onnx_tokens(self, batch, extras) -> dict:
+        want = ["vectors"] + ["pooled"] * ("pre_projection" in extras) + ["hidden"] * ("token_states" in extras)
+        got = self.onnx.text(batch, want)
+        res = {"vectors": got["vectors"].astype(np.float32)}
+        if "pre_projection" in extras:
+            res["pre_projection"] = got["pooled"]
+        if "token_states" in extras:
+            import torch
+            res.update(token_extras(batch, torch.from_numpy(got["hidden"]), self.tokenizer.pad_token_id))
+        return res
 
     def encode_pixels(self, pixel_values, extras=(), layer=-1):
         import torch
+        if self.runs_onnx(extras, layer):
+            return self._onnx_pixels(pixel_values, extras)
         with torch.inference_mode():
             want_layer = "patch_states" in extras and layer != -1
             pv = pixel_values.to(self.device, non_blocking=True)
@@ -191,6 +222,8 @@ class HFDualEncoder(Backbone):
 
     def encode_tokens(self, batch, extras=()):
         import torch
+        if self.runs_onnx(extras):
+            return self._onnx_tokens(batch, extras)
         inp = {k: v.to(self.device) for k, v in batch.items() if k in self._text_args}
         with torch.inference_mode():
             with self.final_capture("text", extras) as cap:

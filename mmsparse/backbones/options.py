@@ -17,6 +17,7 @@ from ..options import check_options, option
 INPUT, SPEED, EXTRAS, RAY = "Input", "Speed", "Extra datasets", "Ray (docs/ray.md)"
 PRECISIONS = ("fp32", "bf16", "fp16", "auto")
 MEMORY_FORMATS = ("auto", "channels-last", "contiguous")
+RUNTIMES = ("auto", "onnx", "torch")
 
 
 @dataclass
@@ -62,11 +63,18 @@ class EncodeOptions:
                             "AVX512-BF16; refused elsewhere, where it is emulated and slower than fp32); fp16 "
                             "(autocast, CUDA only); auto (bf16 where it is native, else fp32; the run says which). "
                             "Vectors are stored as --dtype either way.", choices=PRECISIONS, panel=SPEED)
-    memory_format: str = option("auto", "Layout of convolutional image towers: channels-last, contiguous, or auto "
-                                "(channels-last on CPUs with AVX-512, where it is faster; contiguous elsewhere: on "
-                                "CUDA its first batch costs seconds more and decoding bounds the stage anyway). "
-                                "Transformer towers are unaffected.", choices=MEMORY_FORMATS,
-                                panel=SPEED)
+    runtime: str = option("auto", "What runs the towers: torch (PyTorch), onnx (ONNX Runtime on the CPU: mmsparse "
+                          "exports the towers once per model and caches the graphs by the model's content "
+                          "fingerprint; needs the 'onnx' extra; fp32, vectors within cosine 0.9999 of PyTorch's) "
+                          "or auto (onnx on the CPU where onnxruntime is installed and the towers export, at "
+                          "--precision fp32 or auto; torch on GPUs, under --precision bf16/fp16, for "
+                          "--final-layer-inputs and --patch-states of a --layer other than -1; docs/speed.md).",
+                          choices=RUNTIMES, panel=SPEED)
+    memory_format: str = option("auto", "Layout of convolutional image towers in PyTorch: channels-last, contiguous, "
+                                "or auto (channels-last on the CPU, faster on the AVX2 and AVX-512 CPUs measured; "
+                                "contiguous on CUDA, where its first batch costs seconds more and decoding bounds "
+                                "the stage anyway). Transformer towers and --runtime onnx are unaffected.",
+                                choices=MEMORY_FORMATS, panel=SPEED)
     dtype: str = option("float32", "Storage dtype of the vectors: float32 or float16.",
                         choices=("float32", "float16"))
     pre_projection: bool = option(False, "Also store pooled states before the projection (dataset pre_projection "

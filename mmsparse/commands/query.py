@@ -40,6 +40,9 @@ def main(
                                              "caption query mode (d2s/joint: expand | caption-terms; vdr: vdr | bow; "
                                              "default: the method's first)."),
     device: str = typer.Option("cpu", "--device", rich_help_panel=_MODEL, help="cpu, cuda, cuda:N or auto."),
+    runtime: str = typer.Option("auto", "--runtime", rich_help_panel=_MODEL, help="What runs the towers: torch, "
+                                "onnx (ONNX Runtime on the CPU; the graphs are exported once per model and cached, "
+                                "as encode-dense --runtime) or auto (onnx on the CPU where it exports, else torch)."),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, rich_help_panel=_MODEL, help="torch CPU threads "
                                           "while encoding (default: torch's, all cores; 1 is faster on a busy "
                                           "machine)."),
@@ -76,7 +79,8 @@ def main(
         raise InputError("no queries: give query texts, --file FILE (one per line, - for stdin) or --image PATH")
     res = query(index, texts, out=out, k=k, image=list(image or []), head=head, backbone=backbone, model=model,
                 query_mode=query_mode, device=device, force=force, exclude=list(exclude or []),
-                add=list(add or []), batch_size=batch_size, threads=threads, progress=RichReporter())
+                add=list(add or []), batch_size=batch_size, threads=threads, runtime=runtime,
+                progress=RichReporter())
     if as_json:
         typer.echo(json.dumps(res, indent=2, ensure_ascii=False))
     else:

@@ -31,6 +31,9 @@ def main(
     query_mode: Optional[str] = typer.Option(None, "--query-mode", rich_help_panel=_MODEL, help="The head's caption "
                                              "query mode (default: the method's first, e.g. expand)."),
     device: str = typer.Option("cpu", "--device", rich_help_panel=_MODEL, help="cpu, cuda, cuda:N or auto."),
+    runtime: str = typer.Option("auto", "--runtime", rich_help_panel=_MODEL, help="What runs the towers: torch, "
+                                "onnx (ONNX Runtime on the CPU; the graphs are exported once per model and cached, "
+                                "as encode-dense --runtime) or auto (onnx on the CPU where it exports, else torch)."),
     force: bool = typer.Option(False, "--force", rich_help_panel=_MODEL, help="Use a --head/--model other than the "
                                "one the head was trained with."),
     max_k: int = typer.Option(100, "--max-k", min=1, max=10_000, rich_help_panel=_LIMITS,
@@ -57,7 +60,7 @@ def main(
 
     app = create_app(index, dense_index=dense_index, image_root=image_root, head=head, backbone=backbone,
                      model=model, device=device, query_mode=query_mode, force=force, max_k=max_k,
-                     max_query_chars=max_query_chars, threads=threads, progress=RichReporter())
+                     max_query_chars=max_query_chars, threads=threads, runtime=runtime, progress=RichReporter())
     shown = f"[{host}]" if ":" in host else host
     root = app.state.image_root
     stderr_console().print(f"serving {index} on http://{shown}:{port}/ (JSON API: /search, OpenAPI: /docs; "

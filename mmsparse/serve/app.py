@@ -41,14 +41,16 @@ MAX_TERM_CHARS = 64
 def create_app(index: str | Path, *, dense_index: str | Path | None = None, image_root: str | Path | None = None,
                head: str | None = None, backbone: str | None = None, model: str | None = None,
                device: str = "cpu", query_mode: str | None = None, force: bool = False, max_k: int = 100,
-               max_query_chars: int = 300, cache_size: int = 256, threads: int = 1, progress=None):
+               max_query_chars: int = 300, cache_size: int = 256, threads: int = 1, runtime: str = "auto",
+               progress=None):
     """The FastAPI app serving `index` (and `dense_index`, a dense index searched side by side),
     with thumbnails from `image_root` (default: the image folder the index's documents were
     encoded from, when its provenance names one that exists). head / backbone / model /
     query_mode / force / device as in mmsparse.api.querying.QueryEngine (they apply to `index`;
     the dense index uses its own provenance). max_k bounds k, max_query_chars the query length.
     threads: torch CPU threads while encoding and search threads (default 1: requests run one at
-    a time, and one thread keeps latency low on a machine with other work).
+    a time, and one thread keeps latency low on a machine with other work). runtime: what runs the
+    towers (torch | onnx | auto, QueryEncoder).
     Loads everything now; raises InputError for bad inputs (e.g. two dense indexes, a missing
     image root)."""
     from fastapi import FastAPI, Query, Request
@@ -66,11 +68,11 @@ def create_app(index: str | Path, *, dense_index: str | Path | None = None, imag
     lock, backbones = threading.RLock(), {}
     main = QueryEngine(index, head=head, backbone=backbone, model=model, device=device, query_mode=query_mode,
                        force=force, threads=threads, encode_threads=threads, backbones=backbones, lock=lock,
-                       progress=progress)
+                       progress=progress, runtime=runtime)
     engines = {main.route: main}
     if dense_index is not None:
         dense = QueryEngine(dense_index, device=device, threads=threads, encode_threads=threads,
-                            backbones=backbones, lock=lock, progress=progress)
+                            backbones=backbones, lock=lock, progress=progress, runtime=runtime)
         if dense.route != "dense" or main.route != "sparse":
             raise InputError(f"--dense-index {dense_index}: give a sparse INDEX and a dense (Faiss) --dense-index; "
                              f"got {main.kind} and {dense.kind}")
