@@ -15,7 +15,7 @@ ROOT = Path(mmsparse.__file__).parent
 # module prefix -> layer (the longest matching prefix wins)
 LAYERS = {
     "mmsparse": "api",                       # the package itself: lazy re-exports of the API
-    "mmsparse.cli": "cli", "mmsparse.cli_ui": "cli", "mmsparse.commands": "cli",
+    "mmsparse.cli": "cli", "mmsparse.cli_ui": "cli", "mmsparse.cli_fields": "cli", "mmsparse.commands": "cli",
     "mmsparse.api": "api",
     "mmsparse.methods": "methods", "mmsparse.trainer": "methods", "mmsparse.vocab": "methods",
     "mmsparse.indexes": "indexes",

@@ -59,9 +59,9 @@ def graph_dir(fingerprint: str, model_class: str) -> Path:
     """The cache directory of a model's graphs: settings.cache_dir()/onnx/KEY (module docstring)."""
     import torch
 
-    from .. import settings
+    from ..settings import cache_dir
     key = hashlib.sha256(f"{fingerprint}|{model_class}|torch {torch.__version__}|v{EXPORT_VERSION}".encode())
-    return settings.cache_dir() / "onnx" / key.hexdigest()[:24]
+    return cache_dir() / "onnx" / key.hexdigest()[:24]
 
 
 def _wrappers(net, text_inputs: list[str]):

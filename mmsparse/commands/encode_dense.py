@@ -17,7 +17,7 @@ from typing import Optional
 import typer
 
 from ..backbones.options import EncodeOptions
-from ._fields import param as _param
+from ..cli_fields import param as _param
 
 def _build():
     base = [

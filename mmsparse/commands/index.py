@@ -16,7 +16,7 @@ import typer
 
 from ..indexes.options import ALL
 from ..indexes.options.milvus import PANEL as MILVUS
-from ._fields import param
+from ..cli_fields import param
 
 
 def _build():
