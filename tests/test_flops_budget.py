@@ -327,7 +327,7 @@ def test_make_frontier_trains_every_budget_and_seed(tmp_path):
     flags = {h: c[c.index("-o") + 2:] for h, c in train.items()}
     assert set(train) == {f"front-{m}-s{s}" for m in ("d2s", "if", "joint") for s in (1, 2, 3)}
     assert flags["front-d2s-s3"] == ["--target-flops", "12,9.4,6,4,2", "--seed", "3"]
-    assert flags["front-if-s2"] == ["--target-flops", "2,1,0.5", "--seed", "2"]
+    assert flags["front-if-s2"] == ["--target-flops", "1.5,1,0.5", "--seed", "2"]
     assert train["front-if-s2"][2:4] == ["--method", "inference-free"]
     assert flags["front-joint-s1"] == ["--target-flops", "9.4,6", "--seed", "1"]
     assert train["front-joint-s1"][2:4] == ["--method", "joint"] and "hf-dual-final" in train["front-joint-s1"][4]

@@ -23,7 +23,7 @@
 # caption-to-image on the test split.
 FRONTIER_SEEDS ?= 1 2 3
 FRONTIER_D2S   ?= 12 9.4 6 4 2
-FRONTIER_IF    ?= 2 1 0.5
+FRONTIER_IF    ?= 1.5 1 0.5
 FRONTIER_JOINT ?= 9.4 6
 FRONTIER_FLAGS ?=
 # FRONTIER_PATHS (the Makefile's, default 1): one run per method and seed through every budget

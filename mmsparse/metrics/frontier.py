@@ -217,7 +217,7 @@ def plot(points: list[dict], dense: dict, extra: list[dict], path: Path, measure
         seeds = f"{n[0]}" if len(n) == 1 else f"{n[0]}-{n[-1]}"   # points trained with unequal seed counts say so
         ax.errorbar([p["FLOPs"] for p in pts], [100 * p[measure] for p in pts],
                     xerr=[p["FLOPs_sd"] for p in pts], yerr=[100 * p[measure + "_sd"] for p in pts],
-                    marker="o", ms=4, capsize=2, lw=1.2, color=f"C{i}", label=f"{m} ({seeds} seeds)")
+                    marker="o", ms=4, capsize=2, lw=1.2, color=f"C{i}", label=f"{m} ({seeds} seed{'' if seeds == '1' else 's'})")
         for p in pts:
             if p["budget"]:
                 ax.annotate(f"F={p['budget']:g}", (p["FLOPs"], 100 * p[measure]), textcoords="offset points",
