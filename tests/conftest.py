@@ -97,14 +97,18 @@ def tiny_clip(tmp_path_factory, tiny_words) -> Path:
     """A randomly initialised CLIPModel (seed 0) saved with a BertTokenizer over `tiny_words` and a
     CLIPImageProcessor: hidden 32 in both towers, 2 layers, 32x32 images in 8x8 patches (P = 17
     with [CLS]), projection_dim 24, max_position_embeddings 16."""
+    return save_tiny_clip(tiny_words, tmp_path_factory.mktemp("tiny-clip"))
+
+
+def save_tiny_clip(words: list[str], out: Path) -> Path:
+    """tiny_clip's model (seed 0) with a BertTokenizer over `words`, saved to `out`."""
     import torch
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
 
     torch.manual_seed(0)
-    txt = {**TINY_TXT, "vocab_size": len(tiny_words), "eos_token_id": 3, "pad_token_id": 0}
-    return _save_tiny(CLIPModel(CLIPConfig(text_config=txt, vision_config=TINY_VIS, projection_dim=24)),
-                      tmp_path_factory.mktemp("tiny-clip"),
-                      CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}), tiny_words)
+    txt = {**TINY_TXT, "vocab_size": len(words), "eos_token_id": 3, "pad_token_id": 0}
+    return _save_tiny(CLIPModel(CLIPConfig(text_config=txt, vision_config=TINY_VIS, projection_dim=24)), out,
+                      CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}), words)
 
 
 @pytest.fixture(scope="session")

@@ -98,19 +98,14 @@ def flickr(flickr8k_dir):
 @pytest.fixture(scope="module")
 def caption_clip(flickr, tmp_path_factory):
     """A random tiny CLIPModel (conftest's sizes) whose tokenizer holds the captions' words."""
-    import torch
-    from transformers import BasicTokenizer, CLIPConfig, CLIPImageProcessor, CLIPModel
+    from transformers import BasicTokenizer
 
-    from conftest import TINY_TXT, TINY_VIS, TINY_WORDS, _save_tiny
+    from conftest import TINY_WORDS, save_tiny_clip
 
     basic = BasicTokenizer(do_lower_case=True)
     seen = sorted({w for c in [c for c, _ in flickr["pairs"]] + flickr["val_texts"] for w in basic.tokenize(c)})
     words = TINY_WORDS[:5] + [w for w in seen if w not in TINY_WORDS[:5]]
-    torch.manual_seed(0)
-    txt = {**TINY_TXT, "vocab_size": len(words), "eos_token_id": 3, "pad_token_id": 0}
-    return _save_tiny(CLIPModel(CLIPConfig(text_config=txt, vision_config=TINY_VIS, projection_dim=24)),
-                      tmp_path_factory.mktemp("caption-clip"),
-                      CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}), words)
+    return save_tiny_clip(words, tmp_path_factory.mktemp("caption-clip"))
 
 
 @pytest.fixture(scope="module")
