@@ -110,7 +110,7 @@ def encode_dense(annotations: str | Path, image_root: str | Path | None = None, 
         return encode_splits(todo, out=out, opts=dataclasses.replace(opts, model=model_path), name=name,
                              source=source, progress=rep)
     dev = resolve_device(opts.device)
-    runtime = _runtime_wanted(opts, rep)
+    runtime = _runtime_wanted(opts, rep, dev)
     if runtime == "torch":
         resolve_precision(opts.precision, dev)   # a precision that cannot run here fails before the model loads
     threads = opts.threads or default_threads()
@@ -121,7 +121,7 @@ def encode_dense(annotations: str | Path, image_root: str | Path | None = None, 
         if runtime == "onnx":
             precision = "fp32"
             if opts.precision == "auto":
-                rep.log("--precision auto: fp32 (ONNX Runtime runs the towers in fp32, faster here than PyTorch bf16)")
+                rep.log("--precision auto: fp32 (ONNX Runtime runs the towers in fp32; no native bf16 here)")
         else:
             precision = resolve_precision(opts.precision, dev)
             if opts.precision == "auto":
@@ -140,13 +140,19 @@ def encode_dense(annotations: str | Path, image_root: str | Path | None = None, 
     return out
 
 
-def _runtime_wanted(opts, rep) -> str:
+def _runtime_wanted(opts, rep, dev: str = "cpu") -> str:
     """The runtime to ask the backbone for (Backbone.set_runtime): opts.runtime, except that what ONNX
     Runtime does not run (bf16/fp16 autocast, final-layer inputs, patch states of a --layer other than
-    -1) makes auto torch (saying why) and is refused with --runtime onnx (InputError, one line)."""
+    -1) makes auto torch (saying why) and is refused with --runtime onnx (InputError, one line). auto
+    with --precision auto also takes torch where bf16 is native (AMX, AVX512-BF16, CUDA): there PyTorch
+    bf16 encoded Flickr8k's training images faster than ONNX Runtime fp32 (docs/speed.md)."""
+    from ..runtime import resolve_precision
+
     if opts.runtime == "torch":
         return "torch"
-    why = (f"--precision {opts.precision}" if opts.precision in ("bf16", "fp16") else
+    native = opts.runtime == "auto" and opts.precision == "auto" and resolve_precision("auto", dev) == "bf16"
+    why = ("native bf16 here (--precision auto)" if native else
+           f"--precision {opts.precision}" if opts.precision in ("bf16", "fp16") else
            "--final-layer-inputs" if opts.final_layer_inputs else
            f"--patch-states --layer {opts.layer}" if opts.patch_states and opts.layer != -1 else None)
     if why is None:
@@ -154,7 +160,8 @@ def _runtime_wanted(opts, rep) -> str:
     if opts.runtime == "onnx":
         raise InputError(f"--runtime onnx: {why} needs the PyTorch towers (ONNX Runtime runs them in fp32 and gives "
                          f"vectors, pooled and last states only); use --runtime torch, or drop {why.split()[0]}")
-    rep.log(f"--runtime auto: torch ({why} needs the PyTorch towers)")
+    rep.log(f"--runtime auto: torch ({why}: PyTorch bf16 is faster)" if native else
+            f"--runtime auto: torch ({why} needs the PyTorch towers)")
     return "torch"
 
 
