@@ -224,16 +224,10 @@ def fit(method, head, train, val=None, *, ckpt_dir: str | Path | None = None, de
                     torch.save(st, tmp)
     saved = []
     for i, stg in enumerate(stages):
-        limits = (stg.target * (1 + _tol(method)), stg.target / (1 + _tol(method))) if path else band()
+        limits = method.budget.band(stg.target)[::-1] if path else band()   # (limit, floor), as pick_epoch takes
         b = pick_epoch(history, method, cfg.select_metric, *limits, stage=i if path else None)
         saved.append((b + 1, copy.deepcopy(best[i]) if best[i] else head.state_dict()))
     return TrainResult(saved[-1][0], history, saved[-1][1], True, precision, saved)
-
-
-def _tol(method) -> float:
-    """The budget's band tolerance of `method` (its FlopsBudget's; 0.15 by default)."""
-    b = getattr(method, "budget", None)
-    return b.tolerance if b is not None else 0.15
 
 
 def load_checkpoint(ckpt: Path | None, fingerprint: dict, head, opt, sched, gen) -> dict | None:

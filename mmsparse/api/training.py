@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import time
@@ -152,18 +151,18 @@ def _write_head(m, head, best: int, state: dict, res, out: Path, method: str, pr
     if budget is not None:
         target = budget.target if target is None else target
         record = budget.record()
-        lo, hi = target / (1 + budget.tolerance), target * (1 + budget.tolerance)
+        lo, hi = budget.band(target)
         if path is not None:   # this budget's own epochs of the trace
             first, last = path["epochs"]
             record["trace"] = [t for t in record["trace"] if t.get("epoch") is not None and first - 1 <= t["epoch"] <= last]
         record.update(target=target, limit=hi, scale=chosen.get("eta_scale", record["scale"]),
                       gates=dict(chosen.get("gates") or record["gates"]))
         if "FLOPs" in v and not lo <= v["FLOPs"] <= hi:
-            from ..methods.budget import diagnose
+            from ..methods.budget import MAX_LOG_SCALE, diagnose
 
             stage_hist = [h for h in res.history if path is None or h.get("stage", 0) == path["stage"] - 1]
             why = (f"saved epoch {best} has validation FLOPs {v['FLOPs']:.3g}, outside {lo:.3g}..{hi:.3g}; "
-                   + diagnose(stage_hist, target, budget.refused, budget.log_scale >= math.log(1e4) - 1e-9))
+                   + diagnose(stage_hist, target, budget.refused, budget.log_scale >= MAX_LOG_SCALE))
             record.update(landed=v["FLOPs"], off_budget=True)
             missed.append((f"{target:g}" if path is None else path["budget"], out, why))
     conf = asdict(cfg) if target is None else asdict(replace(cfg, target_flops=target))

@@ -156,7 +156,6 @@ class FlopsBudget:
         self.step = MAX_STEP
         self.last_sign = 0
         self.last_err: float | None = None
-        self.last_metric: float | None = None
         self.metrics: list[float] = []   # the select metric of the epochs since the (re)start, for the guard
         self.last_flops: float | None = None
         self.ineffective = 0          # consecutive cuts of m under the band that did not raise FLOPs
@@ -169,15 +168,21 @@ class FlopsBudget:
         """m, the factor every sparsity weight is multiplied by (float > 0)."""
         return math.exp(self.log_scale)
 
+    def band(self, target: float | None = None) -> tuple[float, float]:
+        """(floor, limit) of `target`'s band (default this budget's): target / (1 + tolerance) and
+        target·(1 + tolerance), the FLOPs a saved epoch may have."""
+        t = self.target if target is None else float(target)
+        return t / (1.0 + self.tolerance), t * (1.0 + self.tolerance)
+
     @property
     def limit(self) -> float:
         """The most validation FLOPs a saved epoch may have: target·(1 + tolerance)."""
-        return self.target * (1.0 + self.tolerance)
+        return self.band()[1]
 
     @property
     def floor(self) -> float:
         """The lower edge of the band: target / (1 + tolerance)."""
-        return self.target / (1.0 + self.tolerance)
+        return self.band()[0]
 
     def in_band(self, flops: float) -> bool:
         """Whether `flops` is within the target's ±tolerance band."""
@@ -211,7 +216,7 @@ class FlopsBudget:
         if not target > 0:
             raise ValueError(f"target FLOPs {target} must be > 0")
         self.target = float(target)
-        self.step, self.last_sign, self.last_err, self.last_metric = MAX_STEP, 0, None, None
+        self.step, self.last_sign, self.last_err = MAX_STEP, 0, None
         self.metrics, self.last_flops, self.ineffective, self.refused = [], None, 0, False
         self.update(flops, epoch)
         self.trace[-1]["retarget"] = self.target
@@ -269,7 +274,6 @@ class FlopsBudget:
         ref = max(self.metrics[-GUARD_WINDOW:]) if self.metrics else None
         fell = metric is not None and ref is not None and metric < (1 - MAX_DROP) * ref
         if metric is not None:
-            self.last_metric = float(metric)
             self.metrics.append(float(metric))
         sign = (drive > 0) - (drive < 0)
         self.refused = bool(fell and sign > 0)
@@ -284,7 +288,7 @@ class FlopsBudget:
             self.ineffective = self.ineffective + 1 if flat else 0
             if self.saturated:
                 sign = 0
-        elif sign >= 0:
+        else:
             self.ineffective = 0
         self.last_flops = float(flops)
         if sign and not moved:
@@ -304,14 +308,14 @@ class FlopsBudget:
 
     def state_dict(self) -> dict:
         return {"target": self.target, "log_scale": self.log_scale, "step": self.step, "last_sign": self.last_sign,
-                "last_err": self.last_err, "last_metric": self.last_metric, "metrics": list(self.metrics),
+                "last_err": self.last_err, "metrics": list(self.metrics),
                 "last_flops": self.last_flops, "ineffective": self.ineffective, "refused": self.refused,
                 "gates": dict(self.gates), "trace": list(self.trace)}
 
     def load_state_dict(self, state: dict) -> None:
         self.log_scale, self.step = float(state["log_scale"]), float(state["step"])
         self.last_sign, self.last_err, self.trace = int(state["last_sign"]), state["last_err"], list(state["trace"])
-        self.last_metric, self.gates = state.get("last_metric"), dict(state.get("gates") or {})
+        self.gates = dict(state.get("gates") or {})
         self.refused = bool(state.get("refused", False))
         self.target = float(state.get("target", self.target))
         self.metrics, self.last_flops = list(state.get("metrics", [])), state.get("last_flops")
