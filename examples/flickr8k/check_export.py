@@ -12,8 +12,10 @@ inference-free head also with --route query, into a temporary directory (never i
    of each full export encodes every test image (PIL images, encode_document) and the first 1,000
    test captions (encode_query; the D2S folder also as caption-term queries, task="caption-terms")
    to `sparsify`'s vectors: the same terms, weights within 1e-5, at fp32. The reference is sparsify
-   of encode-dense at fp32: the main job's own files where it encoded at fp32, else the test split
-   encoded again with --precision fp32. A text tower's vector depends on the padded length of its
+   of encode-dense in PyTorch at fp32, the arithmetic the export runs: the main job's own files where
+   it encoded so, else the test split encoded again with --precision fp32 --runtime torch (ONNX
+   Runtime's fp32 vectors differ from PyTorch's by ~1e-6, enough to move a weight by 2e-5 or swap a
+   term at a gate). A text tower's vector depends on the padded length of its
    batch (~2e-7 at fp32, enough to swap a term tied at the top-k gate now and then), so the D2S
    captions are encoded one per batch, one torch thread, on both sides.
 3. The query-route folder loads with trust_remote_code=False and gives sparsify's queries of all
@@ -128,16 +130,18 @@ def _references(work: Path, tmp: Path, n_img: int, texts: list[str]) -> dict:
     dense = work / "dense" / "hf-dual"
     heads = {name: work / "heads" / name for name in ("d2s", "if")}
     images = {name: work / "sparse" / name / "test-images.h5" for name in heads}
-    if read_dense_attrs(dense / "test-images.h5").get("precision", "fp32") != "fp32":
+    attrs = read_dense_attrs(dense / "test-images.h5")
+    if attrs.get("precision", "fp32") != "fp32" or attrs.get("runtime", "torch") != "torch":
         data = flickr8k_dir()
         again = mmsparse.encode_dense(data / "dataset_flickr8k.json", data / "images", out=tmp / "dense-fp32",
-                                      split=["test"], precision="fp32", workers=0)
+                                      split=["test"], precision="fp32", runtime="torch", workers=0)
         images = {name: mmsparse.sparsify(h, again / "test-images.h5", out=tmp / f"{name}-images.h5")
                   for name, h in heads.items()}
     (tmp / "caps.txt").write_text("".join(t.replace("\n", " ") + "\n" for t in texts), encoding="utf-8")
     tr = json.loads((heads["d2s"] / "config.json").read_text(encoding="utf-8"))["training"]
     caps = mmsparse.encode_dense(tmp / "caps.txt", out=tmp / "dense-caps", backbone=tr["backbone"],
-                                 model=tr["model"], precision="fp32", batch_size=1, workers=0, threads=1)
+                                 model=tr["model"], precision="fp32", runtime="torch", batch_size=1, workers=0,
+                                 threads=1)
     ref = {name: {"docs": _rows(read_sparse(images[name]), n_img)} for name in heads}
     for mode in ("expand", "caption-terms"):
         out = mmsparse.sparsify(heads["d2s"], caps / "all-captions.h5", out=tmp / f"d2s-{mode}.h5", threads=1,
