@@ -12,10 +12,10 @@ inference-free head also with --route query, into a temporary directory (never i
    of each full export encodes every test image (PIL images, encode_document) and the first 1,000
    test captions (encode_query; the D2S folder also as caption-term queries, task="caption-terms")
    to `sparsify`'s vectors: the same terms, weights within 1e-5, at fp32. The reference is sparsify
-   of encode-dense in PyTorch at fp32, the arithmetic the export runs: the main job's own files where
-   it encoded so, else the test split encoded again with --precision fp32 --runtime torch (ONNX
-   Runtime's fp32 vectors differ from PyTorch's by ~1e-6, enough to move a weight by 2e-5 or swap a
-   term at a gate). A text tower's vector depends on the padded length of its
+   of the test images encoded again in the arithmetic the export runs (--precision fp32 --runtime
+   torch --memory-format contiguous, 32 images a batch): the main job's own encodes may come from
+   ONNX Runtime, bf16 or channels-last convolutions, whose vectors differ by ~1e-6, enough to move
+   a weight by 1e-5 or swap a term at a gate (CI's AVX2 run: one inference-free image of 1,000). A text tower's vector depends on the padded length of its
    batch (~2e-7 at fp32, enough to swap a term tied at the top-k gate now and then), so the D2S
    captions are encoded one per batch, one torch thread, on both sides.
 3. The query-route folder loads with trust_remote_code=False and gives sparsify's queries of all
@@ -124,19 +124,16 @@ def _references(work: Path, tmp: Path, n_img: int, texts: list[str]) -> dict:
     """sparsify's rows at fp32 (check 2's reference): {"d2s"/"if": docs rows, "d2s": queries and
     caption-term rows, "if": query rows}."""
     import mmsparse
-    from mmsparse.formats import read_dense_attrs, read_sparse
+    from mmsparse.formats import read_sparse
     from mmsparse.settings import flickr8k_dir
 
-    dense = work / "dense" / "hf-dual"
     heads = {name: work / "heads" / name for name in ("d2s", "if")}
-    images = {name: work / "sparse" / name / "test-images.h5" for name in heads}
-    attrs = read_dense_attrs(dense / "test-images.h5")
-    if attrs.get("precision", "fp32") != "fp32" or attrs.get("runtime", "torch") != "torch":
-        data = flickr8k_dir()
-        again = mmsparse.encode_dense(data / "dataset_flickr8k.json", data / "images", out=tmp / "dense-fp32",
-                                      split=["test"], precision="fp32", runtime="torch", workers=0)
-        images = {name: mmsparse.sparsify(h, again / "test-images.h5", out=tmp / f"{name}-images.h5")
-                  for name, h in heads.items()}
+    data = flickr8k_dir()
+    again = mmsparse.encode_dense(data / "dataset_flickr8k.json", data / "images", out=tmp / "dense-fp32",
+                                  split=["test"], precision="fp32", runtime="torch", memory_format="contiguous",
+                                  batch_size=32, workers=0)
+    images = {name: mmsparse.sparsify(h, again / "test-images.h5", out=tmp / f"{name}-images.h5")
+              for name, h in heads.items()}
     (tmp / "caps.txt").write_text("".join(t.replace("\n", " ") + "\n" for t in texts), encoding="utf-8")
     tr = json.loads((heads["d2s"] / "config.json").read_text(encoding="utf-8"))["training"]
     caps = mmsparse.encode_dense(tmp / "caps.txt", out=tmp / "dense-caps", backbone=tr["backbone"],
