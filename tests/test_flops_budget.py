@@ -377,21 +377,24 @@ def test_make_vdr_compares_with_every_seed_of_the_frontier_d2s(tmp_path):
     """`make -n vdr-table`: D2S's row and VDR's --compare runs take the frontier's D2S heads of
     VDR_D2S_BUDGET under the names `make frontier` gives them, seed 1 included: front-d2s-9.4-sS from the
     paths, and with FRONTIER_PATHS=0 the main job's head standing for D2S_BUDGET and SEED (it was looked
-    for as front-d2s-9.4-s1 and dropped)."""
+    for as front-d2s-9.4-s1 and dropped) when it is trained as the frontier's heads are (D2S_EPOCHS=30);
+    the main job's 15-epoch head is not one of them."""
     import subprocess
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    for paths, heads in (("1", ["front-d2s-9.4-s1", "front-d2s-9.4-s2", "front-d2s-9.4-s3"]),
-                         ("0", ["d2s", "front-d2s-9.4-s2", "front-d2s-9.4-s3"])):
-        work = tmp_path / paths
+    for paths, epochs, heads in (("1", "15", ["front-d2s-9.4-s1", "front-d2s-9.4-s2", "front-d2s-9.4-s3"]),
+                                 ("0", "30", ["d2s", "front-d2s-9.4-s2", "front-d2s-9.4-s3"]),
+                                 ("0", "15", ["front-d2s-9.4-s1", "front-d2s-9.4-s2", "front-d2s-9.4-s3"])):
+        work = tmp_path / f"{paths}-{epochs}"
         (work / "runs").mkdir(parents=True)
         (work / "eval").mkdir()
         for h in heads:
             (work / "runs" / f"{h}.expand.trec").write_text("")
             (work / "eval" / f"{h}.expand.json").write_text("{}")
         p = subprocess.run(["make", "-n", "-C", str(root / "examples" / "flickr8k"), f"WORK={work}",
-                            f"FRONTIER_PATHS={paths}", "vdr-table"], capture_output=True, text=True, check=True)
+                            f"FRONTIER_PATHS={paths}", f"D2S_EPOCHS={epochs}", "vdr-table"], capture_output=True,
+                           text=True, check=True)
         (row,) = [w for w in p.stdout.split('"') if w.startswith("D2S (F = 9.4)=")]
         assert row.split("=", 2)[2].split(",") == [str(work / "eval" / f"{h}.expand.json") for h in heads]
         for s, h in zip((1, 2, 3), heads):
