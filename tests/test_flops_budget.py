@@ -307,7 +307,7 @@ def test_make_frontier_trains_every_budget_and_seed(tmp_path):
     """`make -n frontier`: by default one run per method and seed through all its budgets (a budget path,
     largest first) with nothing but --target-flops and --seed (the defaults), each budget's head linked
     under a plain name; joint on its final-layer inputs; FRONTIER_PATHS=0: one head per method, budget and
-    seed, the main job's head standing for its own budget and seed; the table decided on validation
+    seed, the main job's head standing for its own budget and seed when it trains the frontier's 30 epochs; the table decided on validation
     files; a budget added later is trained although a table exists."""
     import shlex
     import subprocess
@@ -336,13 +336,17 @@ def test_make_frontier_trains_every_budget_and_seed(tmp_path):
     assert "--val-images" in table and table.count("--row") == 30 and table[table.index("--versus") + 1] == "joint=D2S"
     assert f"D2S={tmp_path}/heads/front-d2s-9.4-s1={tmp_path}/eval/front-d2s-9.4-s1.expand.json" in table
 
-    train, _, _ = dry("TRAIN_FLAGS=", "FRONTIER_PATHS=0")
+    train, _, _ = dry("TRAIN_FLAGS=", "FRONTIER_PATHS=0", "D2S_EPOCHS=30")
     flags = {h: c[c.index("-o") + 2:] for h, c in train.items()}
-    assert flags["d2s"] == ["--target-flops", "9.4", "--seed", "1"]
+    assert flags["d2s"] == ["--target-flops", "9.4", "--seed", "1", "--epochs", "30"]
     assert flags["front-d2s-2-s3"] == ["--target-flops", "2", "--seed", "3"]
     assert flags["front-if-0.5-s2"] == ["--method", "inference-free", "--target-flops", "0.5", "--seed", "2"]
     assert flags["front-joint-9.4-s1"] == ["--target-flops", "9.4", "--seed", "1"]
     assert len(train) == 3 * (5 + 3 + 2) and "front-d2s-9.4-s1" not in train
+    # the main job's own 15 epochs: its head is not a frontier head, which trains with the defaults
+    train, _, _ = dry("TRAIN_FLAGS=", "FRONTIER_PATHS=0")
+    flags = {h: c[c.index("-o") + 2:] for h, c in train.items()}
+    assert "d2s" not in train and flags["front-d2s-9.4-s1"] == ["--target-flops", "9.4", "--seed", "1"]
     (tmp_path / "frontier").mkdir(exist_ok=True)
     (tmp_path / "frontier" / "table.md").write_text("an older table")
     train, _, _ = dry("FRONTIER_D2S=3", "FRONTIER_IF=", "FRONTIER_JOINT=", "FRONTIER_SEEDS=1")
