@@ -307,8 +307,8 @@ def test_make_frontier_trains_every_budget_and_seed(tmp_path):
     """`make -n frontier`: by default one run per method and seed through all its budgets (a budget path,
     largest first) with nothing but --target-flops and --seed (the defaults), each budget's head linked
     under a plain name; joint on its final-layer inputs; FRONTIER_PATHS=0: one head per method, budget and
-    seed, the main job's head standing for its own budget and seed when it trains the frontier's 30 epochs; the table decided on validation
-    files; a budget added later is trained although a table exists."""
+    seed, the main job's head standing for its own budget and seed when it trains the frontier's 30 epochs;
+    the table decided on validation files; a budget added later is trained although a table exists."""
     import shlex
     import subprocess
     from pathlib import Path

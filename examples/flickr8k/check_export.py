@@ -15,9 +15,10 @@ inference-free head also with --route query, into a temporary directory (never i
    of the test images encoded again in the arithmetic the export runs (--precision fp32 --runtime
    torch --memory-format contiguous, 32 images a batch): the main job's own encodes may come from
    ONNX Runtime, bf16 or channels-last convolutions, whose vectors differ by ~1e-6, enough to move
-   a weight by 1e-5 or swap a term at a gate (CI's AVX2 run: one inference-free image of 1,000). A text tower's vector depends on the padded length of its
-   batch (~2e-7 at fp32, enough to swap a term tied at the top-k gate now and then), so the D2S
-   captions are encoded one per batch, one torch thread, on both sides.
+   a weight by 1e-5 or swap a term at a gate (CI's AVX2 run: one inference-free image of 1,000).
+   A text tower's vector depends on the padded length of its batch (~2e-7 at fp32, enough to swap a
+   term tied at the top-k gate now and then), so the D2S captions are encoded one per batch, one
+   torch thread, on both sides.
 3. The query-route folder loads with trust_remote_code=False and gives sparsify's queries of all
    5,000 test captions; ranking the 1,000 test images by its own `similarity` (their HDF5 terms
    mapped to token ids by its tokenizer) gives the R@10 of exact scoring of the two HDF5 files.

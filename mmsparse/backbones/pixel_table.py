@@ -1,9 +1,9 @@
 """A lookup-table fast path for an image processor on images already at its input size.
 
 transformers' image processors (without torchvision, their PIL/numpy backend) rescale and normalise
-every image in float64, one image at a time: 10.6 ms of the ~26 ms an image took end to end in
-`encode-dense` on a 2-core AMD EPYC with AVX2 (the tower itself ~18 ms), serially with the tower
-since two cores get no DataLoader worker. When an image is already at the processor's input size
+every image in float64, one image at a time: 2.2-3.3 ms of CPU per image on an idle 2-core AMD EPYC
+with AVX2 (one thread), against 1.0 ms of decoding and ~18 ms of wall time for the ONNX image tower
+on both cores, whose CPU the decoding worker shares (docs/speed.md, "The input side"). When an image is already at the processor's input size
 (Flickr8k's shared images are 224 x 224), resizing and cropping leave it as it is, and what remains
 is the same function of each pixel's value in each channel. So the processor is run once on a probe
 image holding every value 0-255 in every channel at scattered positions, the outputs are read back
@@ -22,7 +22,7 @@ def _probe_size(ip) -> tuple[int, int] | None:
     size = getattr(ip, "crop_size", None) if getattr(ip, "do_center_crop", False) else getattr(ip, "size", None)
     if size is None:
         return None
-    size = dict(size) if not isinstance(size, dict) else size
+    size = dict(size)  # a dict or transformers' SizeDict
     if "height" in size and "width" in size:
         return int(size["height"]), int(size["width"])
     if "shortest_edge" in size and len(size) == 1:
